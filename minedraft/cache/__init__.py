@@ -1,0 +1,3 @@
+from .paged_kv import BlockAllocator, PagedKVCache
+
+__all__ = ["BlockAllocator", "PagedKVCache"]

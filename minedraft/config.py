@@ -1,0 +1,72 @@
+"""Engine configuration, validated at start so a bad setting fails with a clear message, not mid-run."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+DEFAULT_TARGET = str(MODELS_DIR / "tiny-target")
+DEFAULT_DRAFT = str(MODELS_DIR / "tiny-draft")
+MODES = ("minedraft", "sequential", "autoregressive")
+
+
+@dataclass
+class EngineConfig:
+    target: str = DEFAULT_TARGET
+    draft: str = DEFAULT_DRAFT
+    mode: str = "minedraft"          # two-batch overlap | standard SD | target alone
+    k: int = 4                       # draft tokens per step (the upper bound when adaptive_k)
+    adaptive_k: bool = False         # pick k per step to balance draft time against verify time
+    max_batch_size: int = 32         # running requests in all (split over the two batches)
+    kv_cache_tokens: int = 65536     # per model; admission waits when a request's reservation does not fit
+    block_size: int = 16
+    max_prompt_tokens: int = 768
+    max_tokens_limit: int = 512      # upper bound a request's max_tokens may ask for
+    max_queue: int = 1024            # waiting requests; past it, generate() raises OverloadedError
+    draft_device: str = "auto"       # "auto" | "cpu" | "cuda:N"
+    target_device: str = "auto"
+    dtype: str = "float32"
+    worker_start_timeout_s: float = 120.0
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(msg):
+            raise ValueError(f"invalid EngineConfig: {msg}")
+
+        if self.mode not in MODES:
+            bad(f"mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("k", "max_batch_size", "kv_cache_tokens", "block_size", "max_prompt_tokens",
+                     "max_tokens_limit", "max_queue"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                bad(f"{name} must be an int, got {v!r}")
+        if not 1 <= self.k <= 16:
+            bad(f"k must be in 1..16, got {self.k}")
+        for name in ("max_batch_size", "block_size", "max_prompt_tokens", "max_tokens_limit", "max_queue"):
+            if getattr(self, name) < 1:
+                bad(f"{name} must be >= 1, got {getattr(self, name)}")
+        need = self.max_prompt_tokens + self.max_tokens_limit + self.k + 1
+        if self.kv_cache_tokens < need:
+            bad(f"kv_cache_tokens={self.kv_cache_tokens} cannot hold even one request of max_prompt_tokens + "
+                f"max_tokens_limit + k + 1 = {need} positions; raise it or lower those limits")
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            bad(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
+        for name in ("draft_device", "target_device"):
+            d = getattr(self, name)
+            if not (d in ("auto", "cpu") or (d.startswith("cuda") and d[4:] in ("", *(f":{i}" for i in range(64))))):
+                bad(f"{name} must be 'auto', 'cpu' or 'cuda:N', got {d!r}")
+        for name in ("target", "draft"):
+            p = getattr(self, name)
+            if not os.path.isdir(p):
+                bad(f"{name} model path {p!r} is not a directory (models load from local paths only)")
+
+    @property
+    def effective_k(self) -> int:
+        return 0 if self.mode == "autoregressive" else self.k
+
+    def to_dict(self) -> dict:
+        return asdict(self)

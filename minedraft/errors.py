@@ -1,0 +1,31 @@
+"""Errors a caller of minedraft can catch, each with one clear meaning."""
+
+
+class MinedraftError(Exception):
+    """Base class of every error minedraft raises on purpose."""
+
+    code = "internal"
+
+
+class InvalidRequestError(MinedraftError, ValueError):
+    """The request itself is wrong (bad parameters, prompt too long, ...). Only it fails."""
+
+    code = "invalid_request"
+
+
+class OverloadedError(MinedraftError):
+    """The engine's bounded queue is full; retry later."""
+
+    code = "overloaded"
+
+
+class EngineDeadError(MinedraftError):
+    """A worker process died or the engine was shut down; every pending request fails with this."""
+
+    code = "engine_dead"
+
+
+class RequestAbortedError(MinedraftError):
+    """The request was cancelled before it finished."""
+
+    code = "aborted"

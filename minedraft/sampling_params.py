@@ -1,0 +1,82 @@
+"""Per-request sampling parameters, validated on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from .errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request samples.
+
+    temperature == 0 means greedy. top_k == 0 and top_p == 1.0 disable those filters.
+    seed makes a sampled request reproducible on its own, whatever else shares its batch.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        # Accept lists from JSON/msgpack callers but store tuples so params stay hashable.
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", stop)
+        self._validate()
+
+    def _validate(self):
+        def bad(msg):
+            raise InvalidRequestError(f"invalid SamplingParams: {msg}")
+
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            bad(f"temperature must be a finite number >= 0, got {t!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            bad(f"top_k must be an int >= 0 (0 disables), got {self.top_k!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
+            bad(f"top_p must be in (0, 1], got {p!r}")
+        m = self.max_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            bad(f"max_tokens must be an int >= 1, got {m!r}")
+        for tid in self.stop_token_ids:
+            if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
+                bad(f"stop_token_ids must be ints >= 0, got {tid!r}")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                bad(f"stop strings must be non-empty str, got {s!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not (0 <= self.seed < 2**63)):
+            bad(f"seed must be an int in [0, 2**63), got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            bad(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["stop_token_ids"] = list(self.stop_token_ids)
+        d["stop"] = list(self.stop)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "SamplingParams":
+        d = dict(d or {})
+        known = set(cls.__dataclass_fields__)
+        unknown = set(d) - known
+        if unknown:
+            raise InvalidRequestError(f"invalid SamplingParams: unknown field(s) {sorted(unknown)}")
+        try:
+            return cls(**d)
+        except TypeError as e:  # e.g. unhashable values inside lists
+            raise InvalidRequestError(f"invalid SamplingParams: {e}") from None

@@ -1,0 +1,164 @@
+"""One forward pass over a ragged batch, against the paged KV cache.
+
+The weights and the small modules (embeddings, norms, MLPs, rotary embedding) come from a Hugging Face
+model loaded with `from_pretrained(local_path)`; only attention is ours, so that it reads and writes the
+paged cache. That covers the Llama family (Llama, Mistral, Qwen2, Qwen3: same block layout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
+
+from ..cache import PagedKVCache
+
+try:  # location is stable across transformers 4.4x and 5.x
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+except ImportError:  # pragma: no cover
+    def _rotate_half(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+SUPPORTED = {"llama", "mistral", "qwen2", "qwen3"}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def load_causal_lm(path: str, device="cpu", dtype="float32"):
+    """Load a local Hugging Face causal LM; no hub access (local_files_only)."""
+    hf_logging.disable_progress_bar()
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+    kind = model.config.model_type
+    if kind not in SUPPORTED:
+        raise ValueError(f"model type {kind!r} at {path} is not supported (supported: {sorted(SUPPORTED)})")
+    return model.to(device).eval()
+
+
+@dataclass
+class _Plan:
+    """Index tensors for one padded forward over a group of sequences."""
+    input_ids: torch.Tensor     # [B, T]
+    positions: torch.Tensor     # [B, T]
+    write_slots: torch.Tensor   # [N] flat cache index of each real (non-pad) input token
+    valid: torch.Tensor         # [B, T] bool, real tokens
+    read_slots: torch.Tensor    # [B, S] flat cache index of each key position (0 past the end)
+    mask: torch.Tensor          # [B, 1, T, S] bool, True = may attend
+    last_index: torch.Tensor    # [B, n] index into T of the last n real tokens per row
+
+
+class ModelRunner:
+    def __init__(self, model, kv_cache_tokens: int, block_size: int = 16):
+        self.model = model
+        cfg = model.config
+        self.config = cfg
+        inner = model.model
+        self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb
+        self.lm_head = model.lm_head
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.vocab_size = cfg.vocab_size
+        window = getattr(cfg, "sliding_window", None)
+        self.sliding_window = window if window and getattr(cfg, "use_sliding_window", True) else None
+        self.cache = PagedKVCache(cfg.num_hidden_layers, self.num_kv_heads, self.head_dim, kv_cache_tokens,
+                                  block_size, self.dtype, self.device)
+
+    @classmethod
+    def from_pretrained(cls, path: str, kv_cache_tokens: int, block_size: int = 16, device="cpu",
+                        dtype="float32") -> "ModelRunner":
+        return cls(load_causal_lm(path, device, dtype), kv_cache_tokens, block_size)
+
+    # -- planning ----------------------------------------------------------------------------------
+    def _plan(self, seq_ids, token_lists, num_logits: int) -> _Plan:
+        cache, dev = self.cache, self.device
+        lens = [len(t) for t in token_lists]
+        starts = [cache.length(s) for s in seq_ids]
+        B, T = len(seq_ids), max(lens)
+        totals = [s + n for s, n in zip(starts, lens)]
+        S = max(totals)
+        ids = torch.zeros(B, T, dtype=torch.long)
+        read = torch.zeros(B, S, dtype=torch.long)
+        writes = []
+        for b, (sid, toks) in enumerate(zip(seq_ids, token_lists)):
+            ids[b, :lens[b]] = torch.tensor(toks, dtype=torch.long)
+            slots = cache.slots(sid, 0, totals[b])
+            read[b, :totals[b]] = slots
+            writes.append(slots[starts[b]:])
+        t = torch.arange(T)
+        starts_t, lens_t, totals_t = (torch.tensor(x) for x in (starts, lens, totals))
+        positions = starts_t[:, None] + t[None, :]
+        valid = t[None, :] < lens_t[:, None]
+        key = torch.arange(S)[None, None, :]
+        mask = (key <= positions[:, :, None]) & (key < totals_t[:, None, None])
+        if self.sliding_window:
+            mask &= key > positions[:, :, None] - self.sliding_window
+        mask[:, :, 0] |= ~valid  # pad rows attend to something, so softmax stays finite
+        last = lens_t[:, None] - num_logits + torch.arange(num_logits)[None, :]
+        return _Plan(ids.to(dev), positions.to(dev), torch.cat(writes).to(dev), valid.to(dev),
+                     read.to(dev), mask[:, None].to(dev), last.to(dev))
+
+    # -- forward -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, seq_ids: list, token_lists: list[list[int]], num_logits: int = 1) -> torch.Tensor:
+        """Append token_lists[i] to sequence seq_ids[i]'s cache; return logits [B, num_logits, V] (float32)
+        of each sequence's last num_logits new tokens.
+
+        Rows of very different lengths (a long prefill beside decodes) run as separate padded groups so a
+        prompt does not make every decode row pay for its length.
+        """
+        if not seq_ids:
+            return torch.empty(0, num_logits, self.vocab_size)
+        for toks in token_lists:
+            if len(toks) < num_logits:
+                raise ValueError("each sequence needs at least num_logits new tokens")
+        order = sorted(range(len(seq_ids)), key=lambda i: len(token_lists[i]))
+        out = torch.empty(len(seq_ids), num_logits, self.vocab_size, dtype=torch.float32, device=self.device)
+        group: list[int] = []
+        for i in order + [None]:
+            if i is not None and (not group or len(token_lists[i]) <= 2 * len(token_lists[group[0]]) + 4):
+                group.append(i)
+                continue
+            out[group] = self._forward_group([seq_ids[j] for j in group], [token_lists[j] for j in group],
+                                             num_logits)
+            group = [i] if i is not None else []
+        return out
+
+    def _forward_group(self, seq_ids, token_lists, num_logits):
+        p = self._plan(seq_ids, token_lists, num_logits)
+        B, T = p.input_ids.shape
+        h = self.embed(p.input_ids)
+        cos, sin = self.rotary(h, p.positions)
+        flat_valid = p.valid.reshape(-1)
+        for li, layer in enumerate(self.layers):
+            x = layer.input_layernorm(h)
+            attn = layer.self_attn
+            q = attn.q_proj(x).view(B, T, -1, self.head_dim)
+            k = attn.k_proj(x).view(B, T, -1, self.head_dim)
+            v = attn.v_proj(x).view(B, T, -1, self.head_dim)
+            if hasattr(attn, "q_norm"):  # Qwen3
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            kc, vc = self.cache.k[li], self.cache.v[li]
+            kc[p.write_slots] = k.transpose(1, 2).reshape(B * T, -1, self.head_dim)[flat_valid]
+            vc[p.write_slots] = v.reshape(B * T, -1, self.head_dim)[flat_valid]
+            keys = kc[p.read_slots].transpose(1, 2)      # [B, Hkv, S, D]
+            vals = vc[p.read_slots].transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=p.mask, scale=attn.scaling,
+                                               enable_gqa=self.num_kv_heads != self.num_heads)
+            h = h + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        for sid, toks in zip(seq_ids, token_lists):
+            self.cache.extend(sid, len(toks))
+        rows = torch.arange(B, device=self.device)[:, None]
+        h = self.norm(h[rows, p.last_index])             # [B, n, H]
+        return self.lm_head(h).float()

@@ -1,0 +1,84 @@
+"""The verifier's state machine, free of any transport: score drafts with the target and sample the verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import accept, make_generator
+from ..sampling_params import SamplingParams
+from .model_runner import ModelRunner
+from .requests import NewRequest
+
+
+@dataclass
+class StepResult:
+    rid: int
+    new_tokens: list[int]        # accepted drafts + the verifier's token, cut at a stop / max_tokens
+    num_drafted: int
+    num_accepted: int
+    finish_reason: str | None    # "stop" | "length" | None (still running)
+
+    def to_msg(self) -> list:
+        return [self.rid, self.new_tokens, self.num_drafted, self.num_accepted, self.finish_reason]
+
+    @classmethod
+    def from_msg(cls, m) -> "StepResult":
+        return cls(m[0], list(m[1]), m[2], m[3], m[4])
+
+
+@dataclass
+class _VerifySeq:
+    tokens: list[int]
+    prompt_len: int
+    params: SamplingParams
+    gen: torch.Generator
+    stop_ids: frozenset[int]
+
+
+class Verifier:
+    def __init__(self, runner: ModelRunner, max_k: int, eos_token_ids: list[int]):
+        self.runner, self.max_k = runner, max_k
+        self.eos = frozenset(eos_token_ids)
+        self.seqs: dict[int, _VerifySeq] = {}
+
+    def add(self, req: NewRequest) -> None:
+        self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_k))
+        p = req.params
+        stop = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos)
+        self.seqs[req.rid] = _VerifySeq(list(req.prompt_ids), len(req.prompt_ids), p,
+                                        make_generator(req.seed, 1, self.runner.device), stop)
+
+    def remove(self, rid: int) -> None:
+        self.seqs.pop(rid, None)
+        self.runner.cache.free(rid)
+
+    def verify(self, rids: list[int], drafts: list[list[int]], q: torch.Tensor | None) -> list[StepResult]:
+        """One target forward over every request's unverified tail plus its k drafts; finished ones are freed."""
+        k = len(drafts[0]) if drafts else 0
+        seqs = [self.seqs[r] for r in rids]
+        cache = self.runner.cache
+        feed = [s.tokens[cache.length(r):] + d for r, s, d in zip(rids, seqs, drafts)]
+        logits = self.runner.forward(rids, feed, k + 1)
+        results = []
+        for b, (rid, s) in enumerate(zip(rids, seqs)):
+            n, tok = accept(drafts[b], q[b] if q is not None else None, logits[b], s.params, s.gen)
+            new, reason = self._cut(s, drafts[b][:n] + [tok])
+            s.tokens.extend(new)
+            results.append(StepResult(rid, new, k, n, reason))
+            if reason:
+                self.remove(rid)
+            else:
+                cache.truncate(rid, len(s.tokens) - 1)  # the newest token is fed next step
+        return results
+
+    @staticmethod
+    def _cut(s: _VerifySeq, new: list[int]) -> tuple[list[int], str | None]:
+        room = s.params.max_tokens - (len(s.tokens) - s.prompt_len)
+        for i, t in enumerate(new[:room]):
+            if t in s.stop_ids:
+                return new[:i], "stop"   # the stop token itself is not part of the output
+        if len(new) >= room:
+            return new[:room], "length"
+        return new, None
