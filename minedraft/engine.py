@@ -1,0 +1,220 @@
+"""The embedded async API: start the two workers, submit requests, stream or await their output.
+
+    async with Engine(EngineConfig(mode="minedraft")) as engine:
+        result = await engine.generate("Hello", SamplingParams(max_tokens=32))
+        async for delta in engine.stream("Hello"):
+            print(delta.text, end="")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+from typing import AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+from .async_scheduler import AsyncScheduler
+from .config import EngineConfig
+from .errors import EngineDeadError
+from .ipc.tensors import create_shm, destroy_shm, slot_nbytes
+from .outputs import GenerationResult, StreamDelta
+from .sampling_params import SamplingParams
+from .workers.process import drafter_main, verifier_main
+
+WATCH_S = 0.1
+
+
+def _resolve_devices(cfg: EngineConfig) -> tuple[str, str]:
+    import torch
+    cuda = torch.cuda.is_available()
+    n = torch.cuda.device_count() if cuda else 0
+    target = cfg.target_device if cfg.target_device != "auto" else ("cuda:0" if cuda else "cpu")
+    draft = cfg.draft_device if cfg.draft_device != "auto" else (f"cuda:{1 if n > 1 else 0}" if cuda else "cpu")
+    if target.startswith("cuda") != draft.startswith("cuda"):
+        raise ValueError("draft and target must both be on CUDA or both on CPU")
+    return draft, target
+
+
+def _load_tokenizer_and_meta(cfg: EngineConfig):
+    from transformers import AutoConfig, AutoTokenizer
+    from .local_engine import eos_ids
+    tok = AutoTokenizer.from_pretrained(cfg.target, local_files_only=True)
+    tcfg = AutoConfig.from_pretrained(cfg.target, local_files_only=True)
+    dcfg = AutoConfig.from_pretrained(cfg.draft, local_files_only=True)
+    if tcfg.vocab_size != dcfg.vocab_size:
+        raise ValueError(f"draft vocab {dcfg.vocab_size} != target vocab {tcfg.vocab_size}: "
+                         "the pair must share a tokenizer")
+    return tok, tcfg.vocab_size, eos_ids(tcfg, tok)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None, *, trace: bool = False, fault=None, **overrides):
+        self.config = config or EngineConfig(**overrides)
+        self._trace, self._fault = trace, fault
+        self.scheduler: AsyncScheduler | None = None
+        self.procs: list = []
+        self._shm = []
+        self._tmp = None
+        self._ctx = None
+        self._watch = None
+        self._closed = False
+        self.tokenizer = None
+
+    @classmethod
+    async def start(cls, config: EngineConfig | None = None, **kw) -> "Engine":
+        engine = cls(config, **kw)
+        await engine._start()
+        return engine
+
+    async def __aenter__(self) -> "Engine":
+        await self._start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.shutdown()
+
+    # -- life-cycle --------------------------------------------------------------------------------
+    async def _start(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        self.tokenizer, vocab, eos = await loop.run_in_executor(None, _load_tokenizer_and_meta, cfg)
+        draft_dev, target_dev = _resolve_devices(cfg)
+        self._tmp = tempfile.mkdtemp(prefix="minedraft-")
+        addr = {n: f"ipc://{self._tmp}/{n}" for n in ("cmd", "status", "drafts", "verdict_drafter")}
+        k = cfg.effective_k
+        nbytes = slot_nbytes(cfg.max_batch_size, max(k, 1), vocab)
+        if not draft_dev.startswith("cuda"):
+            self._shm = create_shm(2, nbytes)
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
+        common = {"addr": addr, "k": k, "mode": cfg.mode, "kv_cache_tokens": cfg.kv_cache_tokens,
+                  "block_size": cfg.block_size, "dtype": cfg.dtype, "shm": [s.name for s in self._shm],
+                  "slot_nbytes": nbytes, "eos": eos, "target": cfg.target, "draft": cfg.draft,
+                  "fault": list(self._fault) if self._fault else None}
+        self._ctx = zmq.asyncio.Context()
+        self.scheduler = AsyncScheduler(cfg, self.tokenizer, vocab, self._ctx, addr, self._trace)
+        mpc = mp.get_context("spawn")
+        self.procs = [
+            mpc.Process(target=drafter_main, name="minedraft-drafter", daemon=True,
+                        args=({**common, "device": draft_dev, "core": cores[0]},)),
+            mpc.Process(target=verifier_main, name="minedraft-verifier", daemon=True,
+                        args=({**common, "device": target_dev, "core": cores[-1]},)),
+        ]
+        for p in self.procs:
+            p.start()
+        try:
+            await self.scheduler.wait_ready(self.procs, cfg.worker_start_timeout_s)
+        except BaseException:
+            await self.shutdown()
+            raise
+        self.scheduler.start()
+        self._watch = asyncio.ensure_future(self._watchdog())
+
+    async def _watchdog(self) -> None:
+        """A worker that dies fails every pending request within WATCH_S, and takes the other one down."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            dead = [p for p in self.procs if p.exitcode is not None]
+            if dead or (self.scheduler and self.scheduler.dead):
+                if not self.scheduler.dead:
+                    p = dead[0]
+                    self.scheduler.fail(EngineDeadError(f"worker {p.name} died (exit code {p.exitcode})"))
+                self._stop_workers(graceful=False)
+                self._cleanup_shm()
+                return
+
+    def _stop_workers(self, graceful: bool) -> None:
+        if graceful:
+            deadline = time.monotonic() + 5
+            for p in self.procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.exitcode is None:
+                p.kill()
+            p.join(5)
+
+    def _cleanup_shm(self) -> None:
+        destroy_shm(self._shm)
+        self._shm = []
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._watch:
+            self._watch.cancel()
+        if self.scheduler:
+            self.scheduler.fail(EngineDeadError("engine shut down"))
+            self.scheduler.send_stop()
+        await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, True)
+        if self.scheduler:
+            await self.scheduler.close()
+        self._cleanup_shm()
+        if self._ctx:
+            self._ctx.term()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    # -- requests ----------------------------------------------------------------------------------
+    def _submit(self, prompt, params, request_id):
+        if self.scheduler is None:
+            raise EngineDeadError("engine not started")
+        return self.scheduler.submit(prompt, params, request_id)
+
+    async def stream(self, prompt, params: SamplingParams | dict | None = None,
+                     request_id: str | None = None) -> AsyncIterator[StreamDelta]:
+        """Yield deltas as tokens are accepted; the last one has finished=True. Breaking out (or cancelling
+        the consuming task) aborts the request and frees its cache."""
+        state, q = self._submit(prompt, params, request_id)
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:
+            if not state.finished and self.scheduler:
+                self.scheduler.abort(state.request_id)
+
+    async def generate(self, prompt, params: SamplingParams | dict | None = None,
+                       request_id: str | None = None) -> GenerationResult:
+        state, q = self._submit(prompt, params, request_id)
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, Exception):
+                    raise item
+                if item.finished:
+                    return state.result()
+        finally:
+            if not state.finished and self.scheduler:
+                self.scheduler.abort(state.request_id)
+
+    async def abort(self, request_id: str) -> bool:
+        return bool(self.scheduler) and self.scheduler.abort(request_id)
+
+    def stats(self) -> dict:
+        s = self.scheduler
+        st = s.stats
+        return {"mode": self.config.mode, "k": self.config.effective_k, "steps": st.steps,
+                "output_tokens": st.output_tokens, "draft_tokens": st.draft_tokens,
+                "accepted_tokens": st.accepted_tokens,
+                "acceptance_rate": st.accepted_tokens / st.draft_tokens if st.draft_tokens else 0.0,
+                "draft_time_s": st.draft_time_s, "verify_time_s": st.verify_time_s,
+                "running": len(s.running), "waiting": len(s.waiting), "finished": st.finished,
+                "aborted": st.aborted, "failed": st.failed,
+                "kv_blocks_free": s.free_blocks, "kv_blocks_total": s.total_blocks}
+
+    def health(self) -> dict:
+        alive = [p.exitcode is None for p in self.procs]
+        ok = bool(self.scheduler) and not self.scheduler.dead and all(alive) and not self._closed
+        return {"ok": ok, "drafter_alive": alive[0] if alive else False,
+                "verifier_alive": alive[1] if len(alive) > 1 else False,
+                "error": str(self.scheduler.dead) if self.scheduler and self.scheduler.dead else None}

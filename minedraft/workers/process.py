@@ -1,0 +1,306 @@
+"""Entry points of the drafter and verifier processes: sockets around the Drafter/Verifier state machines.
+
+Message flow (see docs/ARCHITECTURE.md):
+  scheduler --PUSH cmd--> drafter            add / abort / stop
+  drafter   --XPUB drafts--> verifier, scheduler   batch b's drafts (descriptor; tensors in slot b)
+  verifier  --PUSH verdict--> drafter        point-to-point sampler output for batch b
+  verifier  --PUSH verdict--> scheduler      the same, so the scheduler can stream tokens
+  both      --PUSH status--> scheduler       ready / error
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+import traceback
+
+import zmq
+
+from ..ipc.codec import pack, unpack
+from ..ipc.tensors import DraftSlots
+
+POLL_MS = 100
+
+
+def _guard_parent() -> int:
+    """Die with the parent: PR_SET_PDEATHSIG on Linux, plus a ppid check in the loops elsewhere."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        except OSError:
+            pass
+    return os.getppid()
+
+
+def _pin(device: str, core: int | None):
+    import torch
+    torch.set_num_threads(1)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    elif core is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {core})
+
+
+class _Worker:
+    """Shared plumbing: context, status socket, parent watch, error reporting."""
+
+    def __init__(self, spec: dict, name: str):
+        self.spec, self.name = spec, name
+        self.parent = _guard_parent()
+        _pin(spec["device"], spec.get("core"))
+        self.ctx = zmq.Context()
+        self.status = self.ctx.socket(zmq.PUSH)
+        self.status.setsockopt(zmq.LINGER, 1000)
+        self.status.connect(spec["addr"]["status"])
+
+    def parent_alive(self) -> bool:
+        return os.getppid() == self.parent
+
+    def report(self, msg: dict) -> None:
+        self.status.send(pack(msg))
+
+    def run(self) -> None:
+        try:
+            self.setup()
+            self.loop()
+        except Exception:
+            self.report({"t": "error", "who": self.name, "msg": traceback.format_exc()})
+            time.sleep(0.2)  # let the error reach the scheduler before the sockets go
+            raise SystemExit(1)
+        finally:
+            self.ctx.destroy(linger=500)
+
+    def _fault(self, point: str) -> None:
+        """Fault injection for the reliability tests: MINEDRAFT_FAULT=<who>:<point>:<n>."""
+        f = self.spec.get("fault")
+        if f and f[0] == self.name and f[1] == point:
+            f[2] -= 1
+            if f[2] <= 0:
+                if f[3] == "exit":
+                    os._exit(3)
+                raise RuntimeError(f"injected fault in {self.name} at {point}")
+
+
+def _load(spec: dict, path: str):
+    from .model_runner import ModelRunner
+    return ModelRunner.from_pretrained(path, spec["kv_cache_tokens"], spec["block_size"], spec["device"],
+                                       spec["dtype"])
+
+
+class DrafterProcess(_Worker):
+    def setup(self):
+        import time as _t
+        from .drafter import Drafter
+        from .requests import NewRequest
+        self.NewRequest = NewRequest
+        spec, a = self.spec, self.spec["addr"]
+        self.k_max = spec["k"]
+        self.runner = _load(spec, spec["draft"]) if self.k_max else None
+        self.drafter = Drafter(self.runner, self.k_max) if self.runner else None
+        self.cmd = self.ctx.socket(zmq.PULL)
+        self.cmd.connect(a["cmd"])
+        self.verdicts = self.ctx.socket(zmq.PULL)
+        self.verdicts.bind(a["verdict_drafter"])
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.SNDHWM, 0)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # count every subscriber, even with the same topic
+        self.pub.bind(a["drafts"])
+        if spec["device"].startswith("cuda"):
+            self.slots = DraftSlots.allocate_cuda(2, spec["slot_nbytes"], spec["device"])
+            handles = self.slots.cuda_handles()
+        else:
+            self.slots = DraftSlots.attach_shm(spec["shm"])
+            handles = None
+        # wait for both subscribers (verifier, scheduler) so no broadcast is ever dropped
+        subs = 0
+        deadline = _t.monotonic() + 60
+        while subs < 2:
+            if not self.pub.poll(POLL_MS):
+                if not self.parent_alive() or _t.monotonic() > deadline:
+                    raise RuntimeError("subscribers never connected")
+                continue
+            if self.pub.recv()[:1] == b"\x01":
+                subs += 1
+        if handles:
+            self.pub.send(pack({"t": "slots", "cuda_handles": handles}))
+        self.report({"t": "ready", "who": "drafter"})
+
+    def loop(self):
+        batches: dict[int, list[int]] = {0: [], 1: []}
+        adds: list = []                   # waiting for cache room (frees may lag the scheduler by a step)
+        aborts: set[int] = set()
+        removed: dict[int, list[int]] = {0: [], 1: []}  # to tell the verifier with batch b's next drafts
+        outstanding = {0: False, 1: False}
+        batch_of: dict[int, int] = {}
+        k = self.k_max
+        step = 0
+        turn = 0
+        poller = zmq.Poller()
+        poller.register(self.cmd, zmq.POLLIN)
+        poller.register(self.verdicts, zmq.POLLIN)
+        def draftable(b: int) -> bool:
+            if outstanding[b]:
+                return False
+            if batches[b] or removed[b]:
+                return True
+            need = [r.cache_tokens(self.k_max) for r, rb in adds if rb == b]
+            return bool(need) and (not self.drafter or self.runner.cache.can_allocate(need[0]))
+
+        while True:
+            if not draftable(turn) and draftable(1 - turn):
+                turn = 1 - turn  # the other batch can go now
+            events = dict(poller.poll(0 if draftable(turn) else POLL_MS))
+            if not self.parent_alive():
+                return
+            if self.cmd in events:
+                while True:
+                    try:
+                        m = unpack(self.cmd.recv(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+                    if m["t"] == "add":
+                        adds.append((self.NewRequest.from_msg(m["req"]), m["batch"]))
+                    elif m["t"] == "abort":
+                        aborts.update(m["rids"])
+                    elif m["t"] == "set_k":
+                        k = max(0, min(self.k_max, int(m["k"]))) if self.k_max else 0
+                    elif m["t"] == "stop":
+                        return
+            if self.verdicts in events:
+                while True:
+                    try:
+                        m = unpack(self.verdicts.recv(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+                    b = m["batch"]
+                    outstanding[b] = False
+                    for r in m["results"]:
+                        rid, new, _, n_acc, reason = r
+                        if reason:
+                            batches[b].remove(rid)
+                            batch_of.pop(rid, None)
+                            if self.drafter:
+                                self.drafter.remove(rid)
+                        elif self.drafter:
+                            self.drafter.apply(rid, n_acc, new)
+            # aborts: applied to batches that are not in flight
+            for rid in list(aborts):
+                b = batch_of.get(rid)
+                pending = [x for x in adds if x[0].rid == rid]
+                if pending:
+                    adds.remove(pending[0])
+                    aborts.discard(rid)
+                elif b is None:
+                    aborts.discard(rid)  # already finished
+                elif not outstanding[b]:
+                    batches[b].remove(rid)
+                    del batch_of[rid]
+                    if self.drafter:
+                        self.drafter.remove(rid)
+                    removed[b].append(rid)
+                    aborts.discard(rid)
+            b = turn
+            if outstanding[b]:
+                continue
+            new_reqs = []
+            for item in list(adds):
+                req, ab = item
+                if ab != b:
+                    continue
+                if self.drafter and not self.runner.cache.can_allocate(req.cache_tokens(self.k_max)):
+                    break
+                adds.remove(item)
+                if self.drafter:
+                    self.drafter.add(req)
+                batches[b].append(req.rid)
+                batch_of[req.rid] = b
+                new_reqs.append(req.to_msg())
+            rids = batches[b]
+            if not rids:
+                if removed[b]:  # tell the verifier even if the batch emptied
+                    self.pub.send(pack({"t": "drafts", "batch": b, "step": step, "rids": [], "adds": [],
+                                        "removes": removed[b], "desc": None, "t0": 0, "t1": 0}))
+                    removed[b] = []
+                turn = 1 - b
+                continue
+            self._fault("draft")
+            t0 = time.monotonic()
+            if self.drafter and k:
+                drafts, q = self.drafter.draft(rids, k)
+            else:
+                drafts, q = [[] for _ in rids], None
+            desc = self.slots.write(b, drafts, q)
+            t1 = time.monotonic()
+            self.pub.send(pack({"t": "drafts", "batch": b, "step": step, "rids": list(rids), "adds": new_reqs,
+                                "removes": removed[b], "desc": desc, "t0": t0, "t1": t1}))
+            removed[b] = []
+            outstanding[b] = True
+            step += 1
+            if self.spec["mode"] == "minedraft":
+                turn = 1 - b
+
+
+class VerifierProcess(_Worker):
+    def setup(self):
+        from .requests import NewRequest
+        from .verifier import Verifier, StepResult
+        self.NewRequest, self.StepResult = NewRequest, StepResult
+        spec, a = self.spec, self.spec["addr"]
+        self.runner = _load(spec, spec["target"])
+        self.verifier = Verifier(self.runner, spec["k"], spec["eos"])
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.setsockopt(zmq.RCVHWM, 0)
+        self.sub.connect(a["drafts"])
+        self.to_drafter = self.ctx.socket(zmq.PUSH)
+        self.to_drafter.connect(a["verdict_drafter"])
+        self.slots = None
+        self.report({"t": "ready", "who": "verifier"})
+
+    def attach(self, m: dict):
+        if m.get("cuda_handles"):
+            self.slots = DraftSlots.attach_cuda(m["cuda_handles"])
+        else:
+            self.slots = DraftSlots.attach_shm(self.spec["shm"])
+
+    def loop(self):
+        while True:
+            if not self.sub.poll(POLL_MS):
+                if not self.parent_alive():
+                    return
+                continue
+            m = unpack(self.sub.recv())
+            if m["t"] == "slots":
+                self.attach(m)
+                continue
+            if m["t"] == "stop":
+                return
+            if self.slots is None:
+                self.attach({})
+            for rid in m["removes"]:
+                self.verifier.remove(rid)
+            for r in m["adds"]:
+                self.verifier.add(self.NewRequest.from_msg(r))
+            if not m["rids"]:
+                continue
+            self._fault("verify")
+            t0 = time.monotonic()
+            drafts, q = self.slots.read(m["desc"])
+            results = self.verifier.verify(m["rids"], drafts, q)
+            t1 = time.monotonic()
+            out = pack({"t": "verdict", "batch": m["batch"], "step": m["step"],
+                        "results": [r.to_msg() for r in results], "t0": t0, "t1": t1,
+                        "draft_t0": m["t0"], "draft_t1": m["t1"]})
+            self.to_drafter.send(out)
+            self.status.send(out)
+
+
+def drafter_main(spec: dict) -> None:
+    DrafterProcess(spec, "drafter").run()
+
+
+def verifier_main(spec: dict) -> None:
+    VerifierProcess(spec, "verifier").run()
