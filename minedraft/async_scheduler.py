@@ -80,6 +80,9 @@ class AsyncScheduler:
         self.drafts.setsockopt(zmq.RCVHWM, 0)
         self.drafts.setsockopt(zmq.LINGER, 0)
         self.drafts.connect(addr["drafts"])
+        self._probes: dict[int, asyncio.Future] = {}
+        self._probe_parts: dict[int, dict] = {}
+        self._probe_ids = itertools.count()
         self.on_verdict = None  # hook: callable(verdict msg), e.g. adaptive k
 
     # -- start-up ----------------------------------------------------------------------------------
@@ -181,6 +184,12 @@ class AsyncScheduler:
                 m = unpack(await self.status.recv())
                 if m["t"] == "verdict":
                     self._on_verdict(m)
+                elif m["t"] == "probe":
+                    parts = self._probe_parts.setdefault(m["id"], {})
+                    parts[m["who"]] = m
+                    fut = self._probes.get(m["id"])
+                    if len(parts) == 2 and fut is not None and not fut.done():
+                        fut.set_result(self._probe_parts.pop(m["id"]))
                 elif m["t"] == "error":
                     self.fail(EngineDeadError(f"{m['who']} failed:\n{m['msg']}"))
                     return
@@ -223,6 +232,20 @@ class AsyncScheduler:
             self._emit(r.rid, delta)
         if self.on_verdict:
             self.on_verdict(m)
+
+    async def probe(self, timeout: float = 5.0) -> dict:
+        """Ask both workers what their KV caches hold."""
+        if self.dead:
+            raise self.dead
+        pid = next(self._probe_ids)
+        fut = self._probes[pid] = asyncio.get_running_loop().create_future()
+        self.cmd.send(pack({"t": "probe", "id": pid}))
+        try:
+            parts = await asyncio.wait_for(fut, timeout)
+        finally:
+            self._probes.pop(pid, None)
+        keep = ("seqs", "cache_seqs", "used_blocks", "waiting")
+        return {who: {k: m[k] for k in keep if k in m} for who, m in parts.items()}
 
     def set_k(self, k: int) -> None:
         self.cmd.send(pack({"t": "set_k", "k": int(k)}))

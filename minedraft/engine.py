@@ -200,6 +200,10 @@ class Engine:
     async def abort(self, request_id: str) -> bool:
         return bool(self.scheduler) and self.scheduler.abort(request_id)
 
+    async def kv_usage(self) -> dict:
+        """What the drafter's and verifier's KV caches hold now (sequences, used blocks)."""
+        return await self.scheduler.probe()
+
     def stats(self) -> dict:
         s = self.scheduler
         st = s.stats

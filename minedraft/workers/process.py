@@ -128,6 +128,11 @@ class DrafterProcess(_Worker):
             self.pub.send(pack({"t": "slots", "cuda_handles": handles}))
         self.report({"t": "ready", "who": "drafter"})
 
+    def _usage(self, batches, adds) -> dict:
+        cache = self.runner.cache if self.runner else None
+        return {"seqs": len(batches[0]) + len(batches[1]), "waiting": len(adds),
+                "cache_seqs": cache.num_seqs if cache else 0, "used_blocks": cache.used_blocks if cache else 0}
+
     def loop(self):
         batches: dict[int, list[int]] = {0: [], 1: []}
         adds: list = []                   # waiting for cache room (frees may lag the scheduler by a step)
@@ -167,7 +172,11 @@ class DrafterProcess(_Worker):
                         aborts.update(m["rids"])
                     elif m["t"] == "set_k":
                         k = max(0, min(self.k_max, int(m["k"]))) if self.k_max else 0
+                    elif m["t"] == "probe":
+                        self.report({"t": "probe", "who": "drafter", "id": m["id"], **self._usage(batches, adds)})
+                        self.pub.send(pack({"t": "probe", "id": m["id"]}))
                     elif m["t"] == "stop":
+                        self.pub.send(pack({"t": "stop"}))
                         return
             if self.verdicts in events:
                 while True:
@@ -278,6 +287,11 @@ class VerifierProcess(_Worker):
                 continue
             if m["t"] == "stop":
                 return
+            if m["t"] == "probe":
+                c = self.runner.cache
+                self.report({"t": "probe", "who": "verifier", "id": m["id"], "seqs": len(self.verifier.seqs),
+                             "cache_seqs": c.num_seqs, "used_blocks": c.used_blocks})
+                continue
             if self.slots is None:
                 self.attach({})
             for rid in m["removes"]:

@@ -1,0 +1,241 @@
+"""The MINEDRAFT pipeline end to end: scheduler + drafter and verifier processes over ZeroMQ."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import time
+from multiprocessing import shared_memory
+
+import pytest
+
+from minedraft.config import EngineConfig
+from minedraft.engine import Engine
+from minedraft.errors import EngineDeadError
+from minedraft.local_engine import LocalEngine
+from minedraft.sampling_params import SamplingParams
+
+WORDS = ("the for statement while class def return import lambda yield with try except raise global "
+         "nonlocal object method function module").split()
+
+
+def _cfg(pair, **kw) -> EngineConfig:
+    base = dict(target=pair.target, draft=pair.draft, k=3, max_prompt_tokens=256, max_tokens_limit=64,
+                kv_cache_tokens=16384, max_batch_size=32)
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+def _prompts(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 16))) for _ in range(n)]
+
+
+def _greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_pair):
+    """Target-alone greedy decoding, in process: the ground truth every mode must match."""
+    ref = LocalEngine(_cfg(tiny_pair, mode="autoregressive"))
+
+    def run(prompts, max_tokens):
+        return [r.token_ids for r in ref.generate(prompts, [_greedy(m) for m in max_tokens])]
+    return run
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); it is dead for our purpose
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def _drained(engine, timeout=3.0) -> dict:
+    """KV usage once the workers have caught up (they apply the last verdicts a moment after we see them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        usage = await engine.kv_usage()
+        if usage["drafter"]["cache_seqs"] == 0 and usage["verifier"]["cache_seqs"] == 0:
+            return usage
+        if time.monotonic() > deadline:
+            return usage
+        await asyncio.sleep(0.05)
+
+
+async def _staggered(engine, prompts, params, seed=1):
+    rng = random.Random(seed)
+
+    async def one(p, sp):
+        await asyncio.sleep(rng.random() * 0.3)  # arrivals spread over the first steps
+        return await engine.generate(p, sp)
+    return await asyncio.gather(*(one(p, sp) for p, sp in zip(prompts, params)))
+
+
+@pytest.mark.parametrize("mode", ["minedraft", "sequential", "autoregressive"])
+async def test_greedy_pipeline_equals_target_alone(tiny_pair, reference, mode):
+    prompts = _prompts(32)
+    max_tokens = [random.Random(i).randint(4, 24) for i in range(32)]
+    async with Engine(_cfg(tiny_pair, mode=mode)) as engine:
+        results = await _staggered(engine, prompts, [_greedy(m) for m in max_tokens])
+        stats = engine.stats()
+        usage = await _drained(engine)
+    expected = reference(prompts, max_tokens)
+    for r, exp, m in zip(results, expected, max_tokens):
+        assert r.token_ids == exp
+        assert r.finish_reason == "length" and len(r.token_ids) == m
+    if mode != "autoregressive":
+        # both paths of speculation ran: some drafts accepted, some rejected
+        assert 0 < stats["accepted_tokens"] < stats["draft_tokens"]
+    assert usage["drafter"]["cache_seqs"] == 0 and usage["verifier"]["cache_seqs"] == 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+async def test_two_batches_overlap_in_minedraft_mode(tiny_pair):
+    """The drafter drafts one batch while the verifier verifies the other (the MINEDRAFT timeline)."""
+    async with Engine(_cfg(tiny_pair), trace=True) as engine:
+        await asyncio.gather(*(engine.generate(p, _greedy(24)) for p in _prompts(16)))
+        trace = list(engine.scheduler.stats.trace)
+    drafts = [e for e in trace if e.lane == "drafter"]
+    verifies = [e for e in trace if e.lane == "verifier"]
+    assert {e.batch for e in drafts} == {0, 1}
+    # the first step drafts batch 0, then batch 1 is drafted while batch 0 is verified
+    first = sorted(drafts, key=lambda e: e.t0)[:2]
+    assert [e.batch for e in first] == [0, 1]
+    overlapped = sum(1 for d in drafts for v in verifies
+                     if d.batch != v.batch and d.t0 < v.t1 and v.t0 < d.t1)
+    assert overlapped >= len(verifies) // 2
+
+
+async def test_sampling_with_seed_is_reproducible(tiny_pair):
+    prompts = _prompts(12, seed=5)
+    params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_tokens=16, seed=100 + i, ignore_eos=True)
+              for i in range(12)]
+    runs = []
+    for order_seed in (1, 2):  # different arrival orders, so different batch compositions
+        async with Engine(_cfg(tiny_pair)) as engine:
+            runs.append([r.token_ids for r in await _staggered(engine, prompts, params, order_seed)])
+    assert runs[0] == runs[1]
+    assert len({tuple(t) for t in runs[0]}) > 1
+    # and a different seed gives a different sample somewhere
+    async with Engine(_cfg(tiny_pair)) as engine:
+        other = [r.token_ids for r in await asyncio.gather(*(
+            engine.generate(p, SamplingParams(temperature=1.0, max_tokens=16, seed=999 + i, ignore_eos=True))
+            for i, p in enumerate(prompts)))]
+    assert other != runs[0]
+
+
+async def test_stream_concatenation_equals_generate(tiny_pair):
+    prompts = _prompts(6, seed=9) + ["naïve café — 東京"]
+    async with Engine(_cfg(tiny_pair)) as engine:
+        for p in prompts:
+            full = await engine.generate(p, _greedy(30))
+            deltas = [d async for d in engine.stream(p, _greedy(30))]
+            assert "".join(d.text for d in deltas) == full.text
+            assert [t for d in deltas for t in d.token_ids] == full.token_ids
+            assert deltas[-1].finished and deltas[-1].finish_reason == "length"
+            assert deltas[-1].stats.output_tokens == 30
+
+
+async def test_cancel_half_midflight(tiny_pair, reference):
+    prompts = _prompts(16, seed=3)
+    async with Engine(_cfg(tiny_pair)) as engine:
+        tasks = [asyncio.ensure_future(engine.generate(p, _greedy(60), request_id=f"r{i}"))
+                 for i, p in enumerate(prompts)]
+        streams_seen = 0
+
+        async def cancel_by_stream():
+            nonlocal streams_seen
+            async for _ in engine.stream(prompts[0], _greedy(60)):
+                streams_seen += 1
+                if streams_seen == 2:
+                    break  # leaving the loop aborts the request
+
+        await asyncio.sleep(0.3)
+        for i in range(0, 16, 2):
+            if i % 4 == 0:
+                assert await engine.abort(f"r{i}")
+            else:
+                tasks[i].cancel()
+        await cancel_by_stream()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        usage = await _drained(engine)  # workers drop aborted requests at their batch's next step
+        stats = engine.stats()
+    expected = reference(prompts, [60] * 16)
+    for i, r in enumerate(done):
+        if i % 4 == 0:
+            assert r.finish_reason == "abort" and r.token_ids == expected[i][:len(r.token_ids)]
+        elif i % 2 == 0:
+            assert isinstance(r, asyncio.CancelledError)
+        else:
+            assert r.token_ids == expected[i] and r.finish_reason == "length"
+    assert usage == {"drafter": {"seqs": 0, "cache_seqs": 0, "used_blocks": 0, "waiting": 0},
+                     "verifier": {"seqs": 0, "cache_seqs": 0, "used_blocks": 0}}
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"] and stats["running"] == 0
+
+
+async def test_kv_budget_makes_requests_wait(tiny_pair, reference):
+    # room for two requests at a time: the rest wait in the scheduler, then complete correctly
+    prompts = _prompts(6, seed=11)
+    cfg = _cfg(tiny_pair, kv_cache_tokens=2 * 320, max_prompt_tokens=256, max_tokens_limit=40)
+    async with Engine(cfg) as engine:
+        results = await asyncio.gather(*(engine.generate(p, _greedy(40)) for p in prompts))
+    assert [r.token_ids for r in results] == reference(prompts, [40] * 6)
+
+
+async def test_shutdown_leaves_no_processes_or_shared_memory(tiny_pair):
+    engine = await Engine.start(_cfg(tiny_pair))
+    await engine.generate("the class", _greedy(4))
+    pids = [p.pid for p in engine.procs]
+    names = [s.name for s in engine._shm]
+    pending = asyncio.ensure_future(engine.generate("the def", _greedy(60)))
+    await asyncio.sleep(0.05)
+    await engine.shutdown()
+    with pytest.raises(EngineDeadError):
+        await pending
+    assert not any(_alive(pid) for pid in pids)
+    for n in names:
+        with pytest.raises(FileNotFoundError):
+            shared_memory.SharedMemory(name=n)
+    with pytest.raises(EngineDeadError):
+        await engine.generate("again", _greedy(4))
+
+
+def test_workers_die_with_their_parent(tiny_pair, tmp_path):
+    """SIGKILL of the engine's process must not leave orphaned workers."""
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import asyncio, sys
+        from minedraft.engine import Engine
+        from minedraft.config import EngineConfig
+        async def main():
+            e = await Engine.start(EngineConfig(target={tiny_pair.target!r}, draft={tiny_pair.draft!r},
+                                   max_prompt_tokens=64, max_tokens_limit=64, kv_cache_tokens=4096))
+            print(" ".join(str(p.pid) for p in e.procs), flush=True)
+            await asyncio.sleep(600)
+        if __name__ == "__main__":
+            asyncio.run(main())
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in pids)
+    finally:
+        proc.kill()
