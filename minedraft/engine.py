@@ -65,6 +65,7 @@ class Engine:
         self._watch = None
         self._closed = False
         self.tokenizer = None
+        self.adaptive = None
 
     @classmethod
     async def start(cls, config: EngineConfig | None = None, **kw) -> "Engine":
@@ -112,8 +113,28 @@ class Engine:
         except BaseException:
             await self.shutdown()
             raise
+        if cfg.adaptive_k and cfg.effective_k:
+            self._attach_adaptive_k()
         self.scheduler.start()
         self._watch = asyncio.ensure_future(self._watchdog())
+
+    def _attach_adaptive_k(self) -> None:
+        from .adaptive_k import AdaptiveK
+        ctl = self.adaptive = AdaptiveK(self.config.k, overlap=self.config.mode == "minedraft")
+        sched = self.scheduler
+
+        def on_verdict(m: dict) -> None:
+            res = m["results"]
+            if not res:
+                return
+            k = res[0][2]
+            ctl.observe(k, m["draft_t1"] - m["draft_t0"], m["t1"] - m["t0"],
+                        sum(r[2] for r in res), sum(r[3] for r in res))
+            new_k = ctl.choose()
+            if new_k != k:
+                sched.set_k(new_k)
+        sched.on_verdict = on_verdict
+        sched.set_k(ctl.k)
 
     async def _watchdog(self) -> None:
         """A worker that dies fails every pending request within WATCH_S, and takes the other one down."""

@@ -1,0 +1,256 @@
+"""Benchmark: target-alone, sequential SD, the MINEDRAFT two-batch pipeline, and HF assisted generation,
+on the same models, prompts and machine, in one run. `minedraft bench --help` lists the options.
+
+Every figure is a median over --repeats runs. Td / Tv are the mean draft and verify times of one step (one
+batch); step time is the wall time per verify step, and overlap efficiency is max(Td, Tv) / step time: close
+to 1 when one device never waits for the other, about max/(Td+Tv) when they take turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+
+from tqdm import tqdm
+
+from .config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
+from .engine import Engine
+from .sampling_params import SamplingParams
+
+MODES = ("autoregressive", "sequential", "minedraft")
+
+
+def corpus_prompts(n: int, seed: int = 0, words: tuple[int, int] = (8, 24)) -> list[str]:
+    """Prompts cut from Python's own documentation pages (ships with every Python)."""
+    from pydoc_data.topics import topics
+    rng = random.Random(seed)
+    pages = [t for t in topics.values() if len(t.split()) > 40]
+    out = []
+    for _ in range(n):
+        w = rng.choice(pages).split()
+        start = rng.randrange(0, len(w) - words[1])
+        out.append(" ".join(w[start:start + rng.randint(*words)]))
+    return out
+
+
+def _pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
+
+
+async def run_workload(engine: Engine, prompts, params, rate: float | None, seed: int = 0) -> dict:
+    """Submit prompts (all at once, or Poisson arrivals at `rate` req/s) and measure."""
+    rng = random.Random(seed)
+    before = engine.stats()
+    t0 = time.perf_counter()
+
+    async def one(p, delay):
+        await asyncio.sleep(delay)
+        return await engine.generate(p, params)
+    delays, t = [], 0.0
+    for _ in prompts:
+        delays.append(t)
+        if rate:
+            t += rng.expovariate(rate)
+    results = await asyncio.gather(*(one(p, d) for p, d in zip(prompts, delays)))
+    wall = time.perf_counter() - t0
+    after = engine.stats()
+    d = {k: after[k] - before[k] for k in ("steps", "output_tokens", "draft_tokens", "accepted_tokens",
+                                             "draft_time_s", "verify_time_s")}
+    steps = max(d["steps"], 1)
+    td, tv = d["draft_time_s"] / steps, d["verify_time_s"] / steps
+    step_time = wall / steps
+    out_tokens = sum(len(r.token_ids) for r in results)
+    return {
+        "tok_s": out_tokens / wall,
+        "lat_p50": _pct([r.stats.latency_s for r in results], 0.5),
+        "lat_p99": _pct([r.stats.latency_s for r in results], 0.99),
+        "ttft_p50": _pct([r.stats.ttft_s for r in results], 0.5),
+        "accept": d["accepted_tokens"] / d["draft_tokens"] if d["draft_tokens"] else 0.0,
+        "mean_len": out_tokens / max(sum(r.stats.steps for r in results), 1),
+        "td_ms": td * 1e3, "tv_ms": tv * 1e3, "step_ms": step_time * 1e3,
+        "overlap": max(td, tv) / step_time if step_time else 0.0,
+    }
+
+
+def _median(rows: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+
+
+def hf_assisted(target: str, draft: str, prompts, max_tokens: int, repeats: int, bar=None) -> dict:
+    """transformers' assisted generation (assistant_model), batch 1 (its only mode), greedy, one thread."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(target, local_files_only=True)
+    tm = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32, local_files_only=True).eval()
+    dm = AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32, local_files_only=True).eval()
+    runs = []
+    for _ in range(repeats):
+        lat, n = [], 0
+        t0 = time.perf_counter()
+        for p in prompts:
+            ids = tok(p, return_tensors="pt").input_ids
+            s = time.perf_counter()
+            with torch.no_grad():
+                out = tm.generate(ids, assistant_model=dm, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                  do_sample=False, pad_token_id=tok.eos_token_id)
+            lat.append(time.perf_counter() - s)
+            n += out.shape[1] - ids.shape[1]
+        wall = time.perf_counter() - t0
+        runs.append({"tok_s": n / wall, "lat_p50": _pct(lat, 0.5), "lat_p99": _pct(lat, 0.99)})
+        if bar:
+            bar.update(1)
+    return _median(runs)
+
+
+COLS = [("tok_s", "tok/s", "{:8.1f}"), ("lat_p50", "lat p50 s", "{:9.3f}"), ("lat_p99", "lat p99 s", "{:9.3f}"),
+        ("ttft_p50", "ttft s", "{:7.3f}"), ("accept", "accept", "{:6.2f}"), ("mean_len", "tok/step", "{:8.2f}"),
+        ("td_ms", "Td ms", "{:7.2f}"), ("tv_ms", "Tv ms", "{:7.2f}"), ("step_ms", "step ms", "{:7.2f}"),
+        ("overlap", "overlap", "{:7.2f}")]
+
+
+def format_table(rows: list[tuple[str, dict]]) -> str:
+    head = f"{'setting':34s}" + "".join(f"{h:>{len(fmt.format(0))+1}s}" for _, h, fmt in COLS)
+    lines = [head, "-" * len(head)]
+    for name, m in rows:
+        cells = "".join(" " + (fmt.format(m[k]) if k in m else " " * len(fmt.format(0))) for k, _, fmt in COLS)
+        lines.append(f"{name:34s}{cells}")
+    return "\n".join(lines)
+
+
+async def _bench(args) -> list[tuple[str, dict]]:
+    ks = args.k or [4]
+    batches = args.batch or [16]
+    rates = args.rate or [None]
+    points = [(k, b, r) for k in ks for b in batches for r in rates]
+    modes = args.modes
+    n_runs = sum((1 if m == "autoregressive" else len(points)) if m != "minedraft" else
+                 len(points) * (2 if args.adaptive else 1) for m in modes) * args.repeats
+    if args.hf:
+        n_runs += args.repeats
+    bar = tqdm(total=n_runs, desc="bench", unit="run")
+    rows: list[tuple[str, dict]] = []
+    trace_events = None
+    for mode in modes:
+        variants = [False, True] if (mode == "minedraft" and args.adaptive) else [False]
+        for adaptive in variants:
+            cfg = EngineConfig(target=args.target, draft=args.draft, mode=mode, k=max(ks), adaptive_k=adaptive,
+                               max_batch_size=max(batches), max_tokens_limit=max(args.max_tokens, 16),
+                               kv_cache_tokens=args.kv_cache_tokens)
+            want_trace = bool(args.trace or args.plot) and mode == "minedraft" and not adaptive
+            async with Engine(cfg, trace=want_trace) as engine:
+                params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True,
+                                        seed=0 if args.temperature else None)
+                await run_workload(engine, corpus_prompts(2, 99), params, None)  # warm-up
+                seen_ar = False
+                for k, b, r in points:
+                    if mode == "autoregressive":
+                        if seen_ar and len(batches) == 1 and len(rates) == 1:
+                            continue  # k does not apply
+                        seen_ar = True
+                    elif not adaptive:
+                        engine.scheduler.set_k(k)
+                    runs = []
+                    for rep in range(args.repeats):
+                        if want_trace:
+                            engine.scheduler.stats.trace.clear()
+                        prompts = corpus_prompts(b * args.waves, seed=rep)
+                        runs.append(await run_workload(engine, prompts, params, r, seed=rep))
+                        if want_trace and trace_events is None and k == ks[-1] and b == batches[-1]:
+                            trace_events = list(engine.scheduler.stats.trace)
+                        bar.update(1)
+                    name = mode + (" (adaptive k)" if adaptive else "")
+                    tag = ("" if mode == "autoregressive" else f" k={'auto' if adaptive else k}") + f" B={b}"
+                    tag += f" rate={r:g}/s" if r else ""
+                    m = _median(runs)
+                    if adaptive and engine.adaptive:
+                        m["k_chosen"] = statistics.median(engine.adaptive.history) if engine.adaptive.history else 0
+                    rows.append((name + tag, m))
+    if args.hf:
+        prompts = corpus_prompts(args.hf_prompts, seed=0)
+        rows.append(("hf assisted (batch 1)", hf_assisted(args.target, args.draft, prompts, args.max_tokens,
+                                                          args.repeats, bar)))
+    bar.close()
+    if trace_events:
+        from .trace import plot_timeline, write_chrome_trace
+        if args.trace:
+            write_chrome_trace(trace_events, args.trace)
+        if args.plot:
+            plot_timeline(trace_events, args.plot, max_s=args.plot_seconds)
+    return rows
+
+
+def ratios(rows: list[tuple[str, dict]]) -> list[str]:
+    """Throughput of every row against sequential SD (and target-alone) at the same k/B/rate."""
+    def key(name):
+        return name.split(" ", 1)[1] if " " in name else ""
+    seq = {key(n): m for n, m in rows if n.startswith("sequential")}
+    ar = {n.split(" B=", 1)[1] if " B=" in n else "": m for n, m in rows if n.startswith("autoregressive")}
+    out = []
+    for n, m in rows:
+        if n.startswith("minedraft"):
+            k_part = key(n).replace("(adaptive k) ", "")
+            s = seq.get(k_part) or (next(iter(seq.values())) if len(seq) == 1 else None)
+            a = ar.get(n.split(" B=", 1)[1]) if " B=" in n else None
+            parts = [f"{n}:"]
+            if s:
+                parts.append(f"{m['tok_s'] / s['tok_s']:.2f}x sequential SD")
+            if a:
+                parts.append(f"{m['tok_s'] / a['tok_s']:.2f}x autoregressive")
+            out.append("  ".join(parts))
+        elif n.startswith("sequential"):
+            a = ar.get(n.split(" B=", 1)[1]) if " B=" in n else None
+            if a:
+                out.append(f"{n}:  {m['tok_s'] / a['tok_s']:.2f}x autoregressive")
+        elif n.startswith("hf assisted") and seq:
+            s = next(iter(seq.values()))
+            out.append(f"{n}:  {m['tok_s'] / s['tok_s']:.2f}x sequential SD (batch 1 vs batched)")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="minedraft bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=DEFAULT_TARGET, help="target model dir (default: bundled tiny-target)")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model dir (default: bundled tiny-draft)")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="modes to compare (default: all)")
+    p.add_argument("--k", type=int, nargs="+", help="draft lengths to sweep, e.g. --k 1 2 3 4 5 6 (default: 4)")
+    p.add_argument("--batch", type=int, nargs="+", help="concurrent requests to sweep (default: 16)")
+    p.add_argument("--rate", type=float, nargs="+",
+                   help="Poisson arrival rates in requests/s to sweep (default: all requests at once)")
+    p.add_argument("--waves", type=int, default=1, help="requests per run = batch * waves (default: 1)")
+    p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default: 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per setting; medians are reported (default: 3)")
+    p.add_argument("--adaptive", action="store_true", help="also run minedraft with adaptive k")
+    p.add_argument("--hf", action="store_true", help="also run transformers' assisted generation (batch 1)")
+    p.add_argument("--hf-prompts", type=int, default=8, help="prompts for the HF assisted run (default: 8)")
+    p.add_argument("--kv-cache-tokens", type=int, default=65536, help="KV cache positions per model")
+    p.add_argument("--trace", help="write a Chrome/Perfetto trace of a minedraft run to this JSON file")
+    p.add_argument("--plot", help="draw the minedraft draft/verify timeline to this PNG file")
+    p.add_argument("--plot-seconds", type=float, default=None, help="only plot the first N seconds")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        import uvloop
+        rows = uvloop.run(_bench(args))
+    except ImportError:  # pragma: no cover
+        rows = asyncio.run(_bench(args))
+    print()
+    print(format_table(rows))
+    print()
+    print("ratios (throughput):")
+    for line in ratios(rows):
+        print("  " + line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,581 @@
+"""The network front end: a ZeroMQ ROUTER speaking the msgpack protocol of docs/PROTOCOL.md.
+
+It runs on the same asyncio loop as the Engine (zmq.asyncio): every request is one task that awaits the engine
+and sends its replies. Nothing a client sends can crash the loop or touch another client's requests; request ids
+are scoped per ROUTER identity (each DEALER connection).
+
+    async with Engine(cfg) as engine, Server(engine, "tcp://127.0.0.1:5555") as server:
+        await server.wait_closed()
+
+`minedraft serve` (minedraft/cli.py) wraps exactly this, under uvloop when it is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import ipaddress
+import itertools
+import logging
+import os
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from . import protocol as P
+from .errors import MinedraftError
+from .outputs import RequestStats
+
+log = logging.getLogger("minedraft.server")
+
+CANCEL_WAIT_S = 10.0   # how long a cancel waits for the request's final message before forcing it
+HEARTBEAT_IVL_MS = 5000
+HEARTBEAT_TIMEOUT_MS = 30000
+
+
+# -- bind addresses ---------------------------------------------------------------------------------------------
+class BindError(ValueError):
+    """The bind endpoint is malformed or not allowed (non-loopback without allow_remote)."""
+
+
+_TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:\[\]]*):(?P<port>\*|\d{1,5})$")
+
+
+def is_loopback_endpoint(endpoint: str) -> bool:
+    """True for ipc:// and inproc:// endpoints and tcp:// on a loopback address (127.0.0.0/8, ::1, localhost).
+    Raises BindError for an endpoint that is not a bindable ZeroMQ address at all."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    m = _TCP.match(endpoint)
+    if not m:
+        if "://" in endpoint and not endpoint.startswith("tcp://"):
+            return False  # another transport (pgm, tipc, ws, ...): not local
+        raise BindError(f"cannot parse bind endpoint {endpoint!r}; expected tcp://HOST:PORT "
+                        "(e.g. tcp://127.0.0.1:5555), tcp://[::1]:PORT or ipc:///path")
+    port = m.group("port")
+    if port != "*" and not 0 <= int(port) <= 65535:
+        raise BindError(f"port {port} out of range in {endpoint!r}")
+    host = m.group("host").strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # '*', an interface name or a host name: may be reachable from elsewhere
+
+
+def check_bind(endpoint: str, allow_remote: bool) -> None:
+    if not is_loopback_endpoint(endpoint) and not allow_remote:
+        raise BindError(f"refusing to bind {endpoint!r}: it is not a loopback address, so other machines could "
+                        "reach the server. Pass --allow-remote (allow_remote=True) to bind it anyway, ideally "
+                        "with CURVE keys (--curve-secret-key) so traffic is encrypted and the server "
+                        "authenticated; or bind tcp://127.0.0.1:PORT.")
+
+
+# -- CURVE keys -------------------------------------------------------------------------------------------------
+def _z85_key(text: str) -> bytes | None:
+    text = text.strip()
+    if len(text) != 40:
+        return None
+    try:
+        if len(zmq.utils.z85.decode(text.encode("ascii"))) == 32:
+            return text.encode("ascii")
+    except Exception:
+        return None
+    return None
+
+
+def load_key(path: str | os.PathLike, kind: str) -> bytes:
+    """Read a z85 CURVE key (kind 'public' or 'secret') from a file: either the bare 40-character key (what
+    `minedraft keygen` writes, from zmq.curve_keypair) or a zmq.auth certificate file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="ascii", errors="replace")
+    except OSError as e:
+        raise ValueError(f"cannot read {kind} key file {str(p)!r}: {e.strerror}") from None
+    key = _z85_key(text)
+    if key is not None:
+        return key
+    try:
+        import zmq.auth
+        public, secret = zmq.auth.load_certificate(str(p))
+    except Exception:
+        public = secret = None
+    key = secret if kind == "secret" else public
+    if not key:
+        raise ValueError(f"{str(p)!r} holds no z85 CURVE {kind} key (expected 40 z85 characters, as written by "
+                         "`minedraft keygen`, or a zmq.auth certificate)")
+    return key
+
+
+def coerce_key(key, kind: str) -> bytes:
+    """A key given as z85 str/bytes, or as a path to a key file."""
+    if isinstance(key, bytes):
+        key = key.decode("ascii", errors="replace")
+    if isinstance(key, str):
+        k = _z85_key(key)
+        if k is not None:
+            return k
+    return load_key(key, kind)
+
+
+def load_client_keys(path: str | os.PathLike) -> set[bytes]:
+    """Public keys allowed to connect: a file with one key per line, or a directory of key files."""
+    p = Path(path)
+    files = sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p]
+    keys: set[bytes] = set()
+    for f in files:
+        try:
+            text = f.read_text(encoding="ascii", errors="replace")
+        except OSError as e:
+            raise ValueError(f"cannot read client key file {str(f)!r}: {e.strerror}") from None
+        lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+        found = [k for k in map(_z85_key, lines) if k]
+        if found and len(found) == len(lines):
+            keys.update(found)
+        else:
+            with contextlib.suppress(ValueError):
+                keys.add(load_key(f, "public"))
+    if not keys:
+        raise ValueError(f"no z85 CURVE public keys found in {str(p)!r}")
+    return keys
+
+
+def write_keypair(secret_path: str | os.PathLike, public_path: str | os.PathLike, force: bool = False) -> str:
+    """Make a CURVE keypair with zmq.curve_keypair(); the secret file is created 0600. Returns the public key."""
+    public, secret = zmq.curve_keypair()
+    for path in (secret_path, public_path):
+        if os.path.exists(path) and not force:
+            raise FileExistsError(f"{str(path)!r} exists; pass --force to overwrite it")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    fd = os.open(secret_path, flags, 0o600)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(secret.decode("ascii") + "\n")
+    with open(public_path, "w") as f:
+        f.write(public.decode("ascii") + "\n")
+    return public.decode("ascii")
+
+
+class _KeySet:
+    def __init__(self, keys: set[bytes]):
+        self.keys = keys
+
+    def callback(self, domain, key: bytes) -> bool:
+        ok = key in self.keys
+        if not ok:
+            log.warning("CURVE: rejected client key %s", key.decode("ascii", "replace"))
+        return ok
+
+
+# -- the server -------------------------------------------------------------------------------------------------
+@dataclass
+class _Entry:
+    id: str
+    t: str
+    name: str                       # the engine's request id (unique across clients)
+    task: asyncio.Task | None = None
+    started: bool = False           # the engine has been handed the request
+    cancel_requested: bool = False
+    done: bool = False              # its final message (result/done/error) has been sent
+
+
+@dataclass
+class _ServerStats:
+    received: int = 0
+    replies: int = 0
+    requests: int = 0
+    errors: Counter = field(default_factory=Counter)
+    clients_dropped: int = 0
+
+
+class Server:
+    """ROUTER front end for one Engine. Start with `await server.start()` or `async with`."""
+
+    def __init__(self, engine, bind: str = "tcp://127.0.0.1:5555", *, allow_remote: bool = False,
+                 curve_secret_key=None, curve_public_key=None, curve_client_keys=None,
+                 max_message_bytes: int = P.DEFAULT_MAX_MESSAGE_BYTES, max_inflight_per_client: int = 256):
+        check_bind(bind, allow_remote)
+        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or max_message_bytes < 64:
+            raise ValueError(f"max_message_bytes must be an int >= 64, got {max_message_bytes!r}")
+        if max_inflight_per_client < 1:
+            raise ValueError("max_inflight_per_client must be >= 1")
+        self.engine = engine
+        self.bind_endpoint = bind
+        self.max_message_bytes = max_message_bytes
+        self.hard_limit = max_message_bytes * P.HARD_LIMIT_FACTOR
+        self.max_inflight = max_inflight_per_client
+        self._secret = coerce_key(curve_secret_key, "secret") if curve_secret_key is not None else None
+        self._public = None
+        if self._secret is not None:
+            derived = zmq.curve_public(self._secret)
+            if curve_public_key is not None:
+                self._public = coerce_key(curve_public_key, "public")
+                if self._public != derived:
+                    raise ValueError("the CURVE public key does not belong to the secret key")
+            self._public = derived
+        elif curve_public_key is not None:
+            raise ValueError("a CURVE public key needs its secret key too (--curve-secret-key)")
+        self._client_keys = None
+        if curve_client_keys is not None:
+            if self._secret is None:
+                raise ValueError("an allow-list of client keys needs CURVE on (--curve-secret-key)")
+            self._client_keys = (set(curve_client_keys) if isinstance(curve_client_keys, (set, list, tuple))
+                                 else load_client_keys(curve_client_keys))
+            self._client_keys = {coerce_key(k, "public") for k in self._client_keys}
+        self.ctx: zmq.asyncio.Context | None = None
+        self.sock: zmq.asyncio.Socket | None = None
+        self.endpoint: str | None = None
+        self._auth = None
+        self._clients: dict[bytes, dict[str, _Entry]] = {}
+        self._names = itertools.count()
+        self._loop_task: asyncio.Task | None = None
+        self._side_tasks: set[asyncio.Task] = set()
+        self._closed = asyncio.Event()
+        self._closing = False
+        self.stats = _ServerStats()
+        self.started_at = time.time()
+
+    @property
+    def public_key(self) -> str | None:
+        """The server's z85 CURVE public key (what clients pass), or None without CURVE."""
+        return self._public.decode("ascii") if self._public else None
+
+    # -- life-cycle ------------------------------------------------------------------------------------------
+    async def __aenter__(self) -> "Server":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def bind(self) -> str:
+        """Create and bind the ROUTER (no loop needed yet); returns the actual endpoint (ports resolved)."""
+        if self.sock is not None:
+            return self.endpoint
+        self.ctx = zmq.asyncio.Context()
+        if self._client_keys is not None:
+            from zmq.auth.asyncio import AsyncioAuthenticator
+            self._auth = AsyncioAuthenticator(self.ctx, log=logging.getLogger("minedraft.server.auth"))
+            self._auth.start()
+            self._auth.configure_curve_callback("*", _KeySet(self._client_keys))
+        s = self.ctx.socket(zmq.ROUTER)
+        try:
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.ROUTER_MANDATORY, 1)   # a send to a vanished client raises EHOSTUNREACH
+            s.setsockopt(zmq.SNDHWM, 0)             # never drop a reply; the per-client cap bounds the backlog
+            s.setsockopt(zmq.MAXMSGSIZE, self.hard_limit)
+            s.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+            if self.bind_endpoint.startswith("tcp://["):
+                s.setsockopt(zmq.IPV6, 1)
+            if self._secret is not None:
+                s.curve_secretkey = self._secret
+                s.curve_publickey = self._public
+                s.curve_server = True
+            s.bind(self.bind_endpoint)
+        except zmq.ZMQError as e:
+            s.close(linger=0)
+            self.sock = None
+            self._term()
+            raise BindError(f"cannot bind {self.bind_endpoint!r}: {e}") from None
+        self.sock = s
+        self.endpoint = s.getsockopt_string(zmq.LAST_ENDPOINT)
+        return self.endpoint
+
+    async def start(self) -> "Server":
+        self.bind()
+        if self._loop_task is None:
+            self._loop_task = asyncio.ensure_future(self._recv_loop())
+        log.info("serving on %s%s", self.endpoint, " (CURVE)" if self._secret else "")
+        return self
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def close(self) -> None:
+        """Answer every in-flight request with engine_dead ("server shutting down"), then stop."""
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        if self._loop_task:
+            self._loop_task.cancel()
+        tasks = []
+        for ident, table in list(self._clients.items()):
+            for e in list(table.values()):
+                self._finish(ident, e, P.error_reply(e.id, P.ENGINE_DEAD, "server shutting down", e.t))
+                if e.task:
+                    e.task.cancel()
+                    tasks.append(e.task)
+        tasks += list(self._side_tasks)
+        for t in self._side_tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, *([self._loop_task] if self._loop_task else []), return_exceptions=True)
+        self._term()
+        self._closed.set()
+
+    def _term(self) -> None:
+        if self.sock is not None:
+            self.sock.close(linger=0)
+        if self._auth is not None:
+            with contextlib.suppress(Exception):
+                self._auth.stop()
+            self._auth = None
+        if self.ctx is not None:
+            self.ctx.term()
+            self.ctx = None
+
+    # -- I/O -------------------------------------------------------------------------------------------------
+    def _send(self, ident: bytes, msg: dict) -> bool:
+        """Send one reply now. False when the client is gone (then its requests are cancelled)."""
+        if self.sock is None or self.sock.closed:
+            return False
+        try:
+            data = P.encode(msg)
+        except Exception as e:  # cannot happen for our own replies; never let it escape
+            log.exception("cannot encode reply")
+            data = P.encode(P.error_reply(P.echo_id(msg.get("id")), P.INTERNAL, f"cannot encode reply: {e}"))
+        fut = self.sock.send_multipart([ident, data], flags=zmq.NOBLOCK)
+        err = fut.exception() if fut.done() else None
+        if err is None:
+            self.stats.replies += 1
+            if msg.get("t") == "error":
+                self.stats.errors[msg.get("code")] += 1
+            return True
+        if isinstance(err, zmq.ZMQError) and err.errno == errno.EHOSTUNREACH:
+            self._drop_client(ident)
+        else:
+            log.warning("send to client failed: %s", err)
+        return False
+
+    def _error(self, ident: bytes, id, code: str, message: str, re: str | None = None) -> None:
+        log.debug("client %s: %s: %s", ident.hex(), code, message)
+        self._send(ident, P.error_reply(id, code, message, re))
+
+    def _drop_client(self, ident: bytes) -> None:
+        table = self._clients.pop(ident, None)
+        if not table:
+            return
+        self.stats.clients_dropped += 1
+        log.info("client %s went away; cancelling its %d request(s)", ident.hex(), len(table))
+        me = asyncio.current_task()
+        for e in table.values():
+            e.done = True
+            if e.task is not None and e.task is not me:
+                e.task.cancel()
+
+    async def _recv_loop(self) -> None:
+        while True:
+            try:
+                frames = await self.sock.recv_multipart()
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError as e:
+                if e.errno in (zmq.ETERM, zmq.ENOTSOCK):
+                    return
+                log.warning("recv failed: %s", e)
+                continue
+            try:
+                self._on_message(frames)
+            except Exception:  # a bug in a handler must never stop the server
+                log.exception("unhandled error while handling a message")
+                with contextlib.suppress(Exception):
+                    self._error(frames[0], None, P.INTERNAL, "internal error while handling the message")
+
+    # -- dispatch --------------------------------------------------------------------------------------------
+    def _on_message(self, frames: list[bytes]) -> None:
+        self.stats.received += 1
+        ident, payload = frames[0], frames[1:]
+        if len(payload) != 1:
+            peek = P.peek_fields(payload[-1]) if payload and len(payload[-1]) <= self.hard_limit else {}
+            return self._error(ident, peek.get("id"), P.BAD_MESSAGE,
+                               f"a message must be exactly one frame after the routing identity, got "
+                               f"{len(payload)} (DEALER clients send the msgpack map alone, with no empty "
+                               "delimiter frame)", _re(peek))
+        data = payload[0]
+        if len(data) > self.max_message_bytes:
+            peek = P.peek_fields(data)
+            return self._error(ident, peek.get("id"), P.TOO_LARGE,
+                               f"message is {len(data)} bytes; the limit is {self.max_message_bytes}", _re(peek))
+        try:
+            obj = P.decode(data)
+        except P.BadMessageError as e:
+            peek = P.peek_fields(data)
+            return self._error(ident, peek.get("id"), P.BAD_MESSAGE, str(e), _re(peek))
+        try:
+            req = P.parse_request(obj)
+        except P.RequestError as e:
+            return self._error(ident, e.id, e.code, e.message, e.t)
+        if req.t in ("generate", "stream"):
+            self._on_submit(ident, req)
+        elif req.t == "cancel":
+            self._on_cancel(ident, req)
+        elif req.t == "health":
+            self._send(ident, {"v": P.VERSION, "t": "health", "id": req.id, "health": self._health()})
+        elif req.t == "stats":
+            self._send(ident, {"v": P.VERSION, "t": "stats", "id": req.id, "stats": self._stats()})
+
+    def _health(self) -> dict:
+        try:
+            h = dict(self.engine.health())
+        except Exception as e:
+            h = {"ok": False, "error": f"health check failed: {e}"}
+        if self._closing:
+            h["ok"] = False
+        return h
+
+    def _stats(self) -> dict:
+        try:
+            s = dict(self.engine.stats())
+        except Exception as e:
+            s = {"error": f"engine stats unavailable: {e}"}
+        st = self.stats
+        s["server"] = {"clients": len(self._clients), "inflight": sum(map(len, self._clients.values())),
+                       "received": st.received, "replies": st.replies, "requests": st.requests,
+                       "errors": dict(st.errors), "clients_dropped": st.clients_dropped,
+                       "uptime_s": time.time() - self.started_at, "max_message_bytes": self.max_message_bytes,
+                       "max_inflight_per_client": self.max_inflight}
+        return s
+
+    def _on_submit(self, ident: bytes, req: P.Request) -> None:
+        table = self._clients.get(ident, {})
+        if req.id in table:
+            return self._error(ident, req.id, P.DUPLICATE_ID,
+                               f"request id {req.id!r} is already running for this client; ids must be unique "
+                               "among a client's in-flight requests", req.t)
+        if self._closing:
+            return self._error(ident, req.id, P.ENGINE_DEAD, "server shutting down", req.t)
+        if len(table) >= self.max_inflight:
+            return self._error(ident, req.id, P.OVERLOADED,
+                               f"this client already has {len(table)} requests in flight (limit "
+                               f"{self.max_inflight}); wait for some to finish", req.t)
+        self._clients[ident] = table
+        self.stats.requests += 1
+        e = _Entry(req.id, req.t, f"srv-{next(self._names)}")
+        table[req.id] = e
+        run = self._run_generate if req.t == "generate" else self._run_stream
+        e.task = asyncio.ensure_future(run(ident, e, req))
+
+    def _on_cancel(self, ident: bytes, req: P.Request) -> None:
+        e = self._clients.get(ident, {}).get(req.id)
+        if e is None or e.done:
+            return self._error(ident, req.id, P.UNKNOWN_REQUEST,
+                               f"no request {req.id!r} is running for this client (finished, never sent, or "
+                               "sent by another client)", "cancel")
+        t = asyncio.ensure_future(self._cancel(ident, e))
+        self._side_tasks.add(t)
+        t.add_done_callback(self._side_tasks.discard)
+
+    async def _cancel(self, ident: bytes, e: _Entry) -> None:
+        e.cancel_requested = True
+        if e.started:
+            with contextlib.suppress(Exception):
+                await self.engine.abort(e.name)
+        # The request's own final message (finish_reason "abort" unless it had just finished) goes out first.
+        if e.task is not None and not e.task.done():
+            _, pending = await asyncio.wait({e.task}, timeout=CANCEL_WAIT_S)
+            if pending:
+                log.warning("request %s did not end %.0f s after abort; cancelling its task", e.name,
+                            CANCEL_WAIT_S)
+                e.task.cancel()
+                await asyncio.wait({e.task})
+        if not e.done:  # the task was forced
+            self._finish(ident, e, P.error_reply(e.id, P.INTERNAL, "request was force-cancelled", e.t))
+        self._send(ident, {"v": P.VERSION, "t": "cancelled", "id": e.id})
+
+    def _finish(self, ident: bytes, e: _Entry, msg: dict) -> None:
+        """Send a request's final message and free its id, in one step (so the id is reusable at once)."""
+        if e.done:
+            return
+        e.done = True
+        table = self._clients.get(ident)
+        if table is not None and table.get(e.id) is e:
+            del table[e.id]
+            if not table:
+                del self._clients[ident]
+        self._send(ident, msg)
+
+    def _failure(self, e: _Entry, exc: BaseException) -> dict:
+        if isinstance(exc, MinedraftError):
+            code = exc.code if exc.code in P.ERROR_CODES else P.INTERNAL
+            return P.error_reply(e.id, code, str(exc), e.t)
+        log.exception("request %s failed", e.name, exc_info=exc)
+        return P.error_reply(e.id, P.INTERNAL, f"{type(exc).__name__}: {exc}", e.t)
+
+    async def _run_generate(self, ident: bytes, e: _Entry, req: P.Request) -> None:
+        try:
+            if e.cancel_requested:
+                return self._finish(ident, e, {"v": P.VERSION, "t": "result", "id": e.id, "text": "",
+                                               "token_ids": [], "finish_reason": "abort",
+                                               "stats": RequestStats().to_dict()})
+            e.started = True
+            res = await self.engine.generate(req.prompt, req.params, request_id=e.name)
+            self._finish(ident, e, P.result_reply(e.id, res))
+        except asyncio.CancelledError:
+            self._finish(ident, e, P.error_reply(e.id, P.ENGINE_DEAD, "server shutting down", e.t))
+            raise
+        except Exception as exc:
+            self._finish(ident, e, self._failure(e, exc))
+
+    async def _run_stream(self, ident: bytes, e: _Entry, req: P.Request) -> None:
+        try:
+            if e.cancel_requested:
+                return self._finish(ident, e, P.done_reply(e.id, "abort", None))
+            e.started = True
+            async with contextlib.aclosing(self.engine.stream(req.prompt, req.params, request_id=e.name)) as it:
+                async for d in it:
+                    if (d.text or d.token_ids) and not self._send(ident, P.delta_reply(e.id, d.text, d.token_ids)):
+                        return  # client gone: closing the stream aborts the request in the engine
+                    if d.finished:
+                        return self._finish(ident, e, P.done_reply(e.id, d.finish_reason or "abort", d.stats))
+            self._finish(ident, e, P.done_reply(e.id, "abort", None))
+        except asyncio.CancelledError:
+            self._finish(ident, e, P.error_reply(e.id, P.ENGINE_DEAD, "server shutting down", e.t))
+            raise
+        except Exception as exc:
+            self._finish(ident, e, self._failure(e, exc))
+
+
+def _re(peek: dict) -> str | None:
+    t = peek.get("t")
+    return t if t in P.REQUEST_TYPES else None
+
+
+async def serve(engine_config, bind: str, *, ready=None, **server_kw) -> None:
+    """Start an Engine and a Server on the running loop and serve until SIGINT/SIGTERM (or cancellation).
+    The bind address is checked and bound before the models load, so a bad --bind fails at once.
+    `ready(server)` is called once requests are being served."""
+    import signal
+
+    from .engine import Engine
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    server = Server(None, bind, **server_kw)
+    try:
+        server.bind()  # errors (address in use, ...) surface before the models load
+        async with Engine(engine_config) as engine:
+            server.engine = engine
+            await server.start()
+            try:
+                if ready is not None:
+                    ready(server)
+                await stop.wait()
+                log.info("shutting down")
+            finally:
+                await server.close()
+    finally:
+        await server.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)

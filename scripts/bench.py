@@ -1,0 +1,8 @@
+#!/usr/bin/env python
+"""Same as `minedraft bench`: compare target-alone, sequential SD and the two-batch pipeline in one run."""
+import sys
+
+from minedraft.bench import main
+
+if __name__ == "__main__":
+    sys.exit(main())
