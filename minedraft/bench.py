@@ -80,20 +80,23 @@ def _median(rows: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
-def hf_assisted(target: str, draft: str, prompts, max_tokens: int, repeats: int, bar=None) -> dict:
+def hf_assisted(target: str, draft: str, prompts, max_tokens: int, repeats: int, bar=None,
+                dtype="float32") -> dict:
     """transformers' assisted generation (assistant_model), batch 1 (its only mode), greedy, one thread."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     torch.set_num_threads(1)
+    dtype = getattr(torch, dtype)
     tok = AutoTokenizer.from_pretrained(target, local_files_only=True)
-    tm = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32, local_files_only=True).eval()
-    dm = AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32, local_files_only=True).eval()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    tm = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, local_files_only=True).to(dev).eval()
+    dm = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype, local_files_only=True).to(dev).eval()
     runs = []
     for _ in range(repeats):
         lat, n = [], 0
         t0 = time.perf_counter()
         for p in prompts:
-            ids = tok(p, return_tensors="pt").input_ids
+            ids = tok(p, return_tensors="pt").input_ids.to(dev)
             s = time.perf_counter()
             with torch.no_grad():
                 out = tm.generate(ids, assistant_model=dm, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
@@ -140,7 +143,7 @@ async def _bench(args) -> list[tuple[str, dict]]:
         for adaptive in variants:
             cfg = EngineConfig(target=args.target, draft=args.draft, mode=mode, k=max(ks), adaptive_k=adaptive,
                                max_batch_size=max(batches), max_tokens_limit=max(args.max_tokens, 16),
-                               kv_cache_tokens=args.kv_cache_tokens)
+                               kv_cache_tokens=args.kv_cache_tokens, dtype=args.dtype)
             want_trace = bool(args.trace or args.plot) and mode == "minedraft" and not adaptive
             async with Engine(cfg, trace=want_trace) as engine:
                 params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True,
@@ -173,7 +176,7 @@ async def _bench(args) -> list[tuple[str, dict]]:
     if args.hf:
         prompts = corpus_prompts(args.hf_prompts, seed=0)
         rows.append(("hf assisted (batch 1)", hf_assisted(args.target, args.draft, prompts, args.max_tokens,
-                                                          args.repeats, bar)))
+                                                          args.repeats, bar, args.dtype)))
     bar.close()
     if trace_events:
         from .trace import plot_timeline, write_chrome_trace
@@ -230,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf", action="store_true", help="also run transformers' assisted generation (batch 1)")
     p.add_argument("--hf-prompts", type=int, default=8, help="prompts for the HF assisted run (default: 8)")
     p.add_argument("--kv-cache-tokens", type=int, default=65536, help="KV cache positions per model")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                   help="model dtype (default: float32)")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of a minedraft run to this JSON file")
     p.add_argument("--plot", help="draw the minedraft draft/verify timeline to this PNG file")
     p.add_argument("--plot-seconds", type=float, default=None, help="only plot the first N seconds")
