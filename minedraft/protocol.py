@@ -116,8 +116,7 @@ def decode(data: bytes) -> Any:
     own stack limit; container lengths are bounded by the frame size.
     """
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True,
-                               max_buffer_size=max(len(data), 1))
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
     except Exception as e:  # ExtraData, FormatError, StackError, UnicodeDecodeError, ValueError, ...
         raise BadMessageError(f"not a single well-formed msgpack object: {type(e).__name__}: {e}"[:300]) from None
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import zmq
 import zmq.asyncio
+from zmq.utils import z85
 
 from . import protocol as P
 from .errors import MinedraftError
@@ -44,6 +45,7 @@ class BindError(ValueError):
     """The bind endpoint is malformed or not allowed (non-loopback without allow_remote)."""
 
 
+_OTHER_TRANSPORTS = ("pgm", "epgm", "norm", "tipc", "vmci", "ws", "wss", "udp")
 _TCP = re.compile(r"^tcp://(?P<host>\[[^\]]*\]|[^:\[\]]*):(?P<port>\*|\d{1,5})$")
 
 
@@ -52,10 +54,11 @@ def is_loopback_endpoint(endpoint: str) -> bool:
     Raises BindError for an endpoint that is not a bindable ZeroMQ address at all."""
     if endpoint.startswith(("ipc://", "inproc://")):
         return True
+    scheme = endpoint.split("://", 1)[0] if "://" in endpoint else ""
+    if scheme in _OTHER_TRANSPORTS:
+        return False  # multicast, TIPC, websockets...: reachable from elsewhere
     m = _TCP.match(endpoint)
     if not m:
-        if "://" in endpoint and not endpoint.startswith("tcp://"):
-            return False  # another transport (pgm, tipc, ws, ...): not local
         raise BindError(f"cannot parse bind endpoint {endpoint!r}; expected tcp://HOST:PORT "
                         "(e.g. tcp://127.0.0.1:5555), tcp://[::1]:PORT or ipc:///path")
     port = m.group("port")
@@ -84,7 +87,7 @@ def _z85_key(text: str) -> bytes | None:
     if len(text) != 40:
         return None
     try:
-        if len(zmq.utils.z85.decode(text.encode("ascii"))) == 32:
+        if len(z85.decode(text.encode("ascii"))) == 32:
             return text.encode("ascii")
     except Exception:
         return None

@@ -1,0 +1,326 @@
+"""The `minedraft` command: generate, serve, keygen, bench.
+
+    minedraft generate "def fibonacci(n):" --max-tokens 64
+    minedraft serve --bind tcp://127.0.0.1:5555
+    minedraft keygen --out-dir keys
+    minedraft bench ...            (arguments go to minedraft.bench)
+
+Heavy modules (torch, transformers, the engine) are imported only inside the subcommands that need them, so
+`--help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from .config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig
+from .protocol import DEFAULT_MAX_MESSAGE_BYTES
+
+PROG = "minedraft"
+_ENGINE_DEFAULTS = EngineConfig.__dataclass_fields__
+
+
+def _default(name):
+    return _ENGINE_DEFAULTS[name].default
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default, keeps the descriptions' line breaks."""
+
+
+def _run_async(coro, use_uvloop: bool = True):
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.run(coro)
+    import asyncio
+    return asyncio.run(coro)
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models and engine")
+    g.add_argument("--target", default=DEFAULT_TARGET, metavar="DIR",
+                   help="target model directory (weights + tokenizer; loaded from local files only); the default "
+                        "is the tiny pair bundled with minedraft")
+    g.add_argument("--draft", default=DEFAULT_DRAFT, metavar="DIR",
+                   help="draft model directory; must share the target's tokenizer")
+    g.add_argument("--mode", choices=MODES, default=_default("mode"),
+                   help="minedraft: draft one batch while verifying the other; sequential: standard "
+                        "speculative decoding; autoregressive: target alone")
+    g.add_argument("--k", type=int, default=_default("k"), metavar="K",
+                   help="draft tokens per speculative step (1..16; ignored in autoregressive mode)")
+    g.add_argument("--adaptive-k", action="store_true", help="pick k per step (up to --k) to balance draft time "
+                   "against verify time")
+    g.add_argument("--max-prompt-tokens", type=_positive_int, default=_default("max_prompt_tokens"), metavar="N",
+                   help="longest prompt accepted, in tokens")
+    g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=_default("dtype"),
+                   help="model weight and activation dtype")
+    g.add_argument("--target-device", default=_default("target_device"), metavar="DEV",
+                   help="'auto' (cuda:0 if available, else cpu), 'cpu' or 'cuda:N'")
+    g.add_argument("--draft-device", default=_default("draft_device"), metavar="DEV",
+                   help="'auto' (cuda:1 if there are two GPUs, else the target's), 'cpu' or 'cuda:N'")
+
+
+def _engine_kw(a) -> dict:
+    return dict(target=a.target, draft=a.draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k,
+                max_prompt_tokens=a.max_prompt_tokens, dtype=a.dtype, target_device=a.target_device,
+                draft_device=a.draft_device)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, formatter_class=_Formatter,
+                                description="Batch-parallel speculative decoding: draft one batch while verifying "
+                                            "the other.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    # generate -------------------------------------------------------------------------------------------------
+    g = sub.add_parser("generate", formatter_class=_Formatter, help="stream one completion to the terminal",
+                       description="Start the engine (drafter and verifier processes) on the given models, stream "
+                                   "the completion of PROMPT to stdout as tokens are accepted, then print a "
+                                   "one-line summary (tokens/s, acceptance rate) to stderr.\n\n"
+                                   "Temperature 0 (the default) is greedy decoding; the output is then exactly "
+                                   "what the target model alone would produce.")
+    g.add_argument("prompt", help="the prompt text; '-' reads it from stdin")
+    s = g.add_argument_group("sampling")
+    s.add_argument("--max-tokens", type=_positive_int, default=64, metavar="N", help="tokens to generate at most")
+    s.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy; > 0 samples")
+    s.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest tokens "
+                   "(0 disables)")
+    s.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass in (0, 1] "
+                   "(1 disables)")
+    s.add_argument("--seed", type=int, default=None, metavar="N", help="seed for sampling (default: random); "
+                   "with a seed a sampled run is reproducible")
+    s.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when TEXT is generated "
+                   "(repeatable; default: none)")
+    s.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    _add_model_args(g)
+    o = g.add_argument_group("output")
+    o.add_argument("--no-stats", action="store_true", help="do not print the summary line to stderr")
+    o.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop instead of uvloop")
+    g.set_defaults(func=cmd_generate)
+
+    # serve ----------------------------------------------------------------------------------------------------
+    v = sub.add_parser("serve", formatter_class=_Formatter, help="serve requests over ZeroMQ (docs/PROTOCOL.md)",
+                       description="Run the engine behind a ZeroMQ ROUTER socket speaking the msgpack protocol of "
+                                   "docs/PROTOCOL.md (clients: minedraft.client.Client, clients/node). Many "
+                                   "clients, many concurrent requests each. Prints 'listening on ENDPOINT' to "
+                                   "stdout once it serves; SIGINT/SIGTERM stop it cleanly.\n\n"
+                                   "Only loopback addresses (and ipc://) are allowed unless --allow-remote is "
+                                   "given. With --curve-secret-key, traffic is encrypted and clients must know "
+                                   "the server's public key; add --curve-client-keys to also admit only known "
+                                   "clients.")
+    n = v.add_argument_group("network")
+    n.add_argument("--bind", default="tcp://127.0.0.1:5555", metavar="ENDPOINT",
+                   help="ZeroMQ endpoint to bind, e.g. tcp://127.0.0.1:5555, tcp://127.0.0.1:* (a free port), "
+                        "tcp://[::1]:5555 or ipc:///tmp/minedraft.sock")
+    n.add_argument("--allow-remote", action="store_true",
+                   help="allow binding a non-loopback address (0.0.0.0, *, a LAN address, an interface name)")
+    n.add_argument("--curve-secret-key", metavar="FILE", default=None,
+                   help="turn on CURVE encryption with this server secret key (z85, from `minedraft keygen`)")
+    n.add_argument("--curve-public-key", metavar="FILE", default=None,
+                   help="the server public key; optional (derived from the secret key), checked to match if given")
+    n.add_argument("--curve-client-keys", metavar="PATH", default=None,
+                   help="admit only clients whose CURVE public key is listed: a file with one z85 key per line, "
+                        "or a directory of key files (default: any client that knows the server key)")
+    n.add_argument("--max-message-bytes", type=_positive_int, default=DEFAULT_MAX_MESSAGE_BYTES, metavar="N",
+                   help="requests larger than this get a too_large error; ones over 4x this are dropped by "
+                        "ZeroMQ and their connection closed")
+    n.add_argument("--max-inflight-per-client", type=_positive_int, default=256, metavar="N",
+                   help="requests one client may have running at once; beyond it: overloaded")
+    _add_model_args(v)
+    e = v.add_argument_group("capacity")
+    e.add_argument("--max-tokens-limit", type=_positive_int, default=_default("max_tokens_limit"), metavar="N",
+                   help="the most max_tokens a request may ask for")
+    e.add_argument("--max-batch-size", type=_positive_int, default=_default("max_batch_size"), metavar="N",
+                   help="requests decoded at once (split over the two batches)")
+    e.add_argument("--kv-cache-tokens", type=_positive_int, default=_default("kv_cache_tokens"), metavar="N",
+                   help="KV cache positions per model; admission waits while the cache is full")
+    e.add_argument("--max-queue", type=_positive_int, default=_default("max_queue"), metavar="N",
+                   help="requests waiting for admission; beyond it: overloaded")
+    x = v.add_argument_group("process")
+    x.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="log verbosity (stderr)")
+    x.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop instead of uvloop")
+    v.set_defaults(func=cmd_serve)
+
+    # keygen ---------------------------------------------------------------------------------------------------
+    k = sub.add_parser("keygen", formatter_class=_Formatter, help="make a CURVE keypair for serve / clients",
+                       description="Write a CURVE keypair made by zmq.curve_keypair(): DIR/NAME.secret (mode 0600, "
+                                   "keep it private) and DIR/NAME.public, each one z85 line. Give the secret to "
+                                   "`minedraft serve --curve-secret-key` and the public key to clients. For client "
+                                   "keys (--curve-client-keys) make one pair per client.")
+    k.add_argument("--out-dir", default=".", metavar="DIR", help="directory to write the two files into")
+    k.add_argument("--name", default="server", help="file name stem")
+    k.add_argument("--force", action="store_true", help="overwrite existing files")
+    k.set_defaults(func=cmd_keygen)
+
+    # bench ----------------------------------------------------------------------------------------------------
+    b = sub.add_parser("bench", add_help=False, help="benchmarks (all arguments go to minedraft.bench; "
+                       "`minedraft bench --help` for its options)",
+                       description="Forwards every argument to minedraft.bench.main(argv).")
+    b.add_argument("args", nargs=argparse.REMAINDER, help="arguments for minedraft.bench")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("minedraft")
+    except Exception:
+        return "unknown"
+
+
+def _fail(msg: str, code: int = 2) -> int:
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
+    return code
+
+
+# -- generate ---------------------------------------------------------------------------------------------------
+def _generate_config(a) -> EngineConfig:
+    kw = _engine_kw(a)
+    block = _default("block_size")
+    need = a.max_prompt_tokens + a.max_tokens + a.k + 1
+    kw.update(max_tokens_limit=a.max_tokens, max_batch_size=1, max_queue=1,
+              kv_cache_tokens=-(-need // block) * block)
+    return EngineConfig(**kw)
+
+
+def cmd_generate(a) -> int:
+    prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
+    from .errors import MinedraftError
+    from .sampling_params import SamplingParams
+    try:
+        cfg = _generate_config(a)
+        params = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, max_tokens=a.max_tokens,
+                                seed=a.seed, stop=tuple(a.stop), ignore_eos=a.ignore_eos)
+    except (ValueError, MinedraftError) as e:
+        return _fail(str(e))
+    _quiet_libraries()
+
+    async def run():
+        from .engine import Engine
+        t0 = time.perf_counter()
+        async with Engine(cfg) as engine:
+            t_start = time.perf_counter() - t0
+            final = None
+            async for d in engine.stream(prompt, params):
+                if d.text:
+                    sys.stdout.write(d.text)
+                    sys.stdout.flush()
+                if d.finished:
+                    final = d
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            return final, t_start, engine.stats()
+
+    try:
+        final, t_start, est = _run_async(run(), not a.no_uvloop)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, MinedraftError) as e:
+        return _fail(str(e), 1)
+    if not a.no_stats and final is not None and final.stats is not None:
+        st = final.stats
+        tps = st.output_tokens / st.latency_s if st.latency_s > 0 else 0.0
+        acc = (f"acceptance {100 * st.acceptance_rate:.1f}% ({st.accepted_tokens}/{st.draft_tokens} drafts), "
+               f"{st.mean_accepted_length:.2f} tokens/step, " if cfg.effective_k else "")
+        print(f"[{PROG}] {st.output_tokens} tokens in {st.latency_s:.2f} s ({tps:.1f} tokens/s), {acc}"
+              f"ttft {1000 * st.ttft_s:.0f} ms, finish {final.finish_reason}; mode {cfg.mode}, k {cfg.effective_k}, "
+              f"engine start {t_start:.1f} s", file=sys.stderr)
+    return 0
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+# -- serve ------------------------------------------------------------------------------------------------------
+def cmd_serve(a) -> int:
+    import logging
+
+    from .server import BindError, check_bind, serve
+    from .errors import MinedraftError
+    logging.basicConfig(level=getattr(logging, a.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        check_bind(a.bind, a.allow_remote)  # before anything slow
+        cfg = EngineConfig(**_engine_kw(a), max_tokens_limit=a.max_tokens_limit, max_batch_size=a.max_batch_size,
+                           kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue)
+    except (BindError, ValueError) as e:
+        return _fail(str(e))
+    _quiet_libraries()
+
+    def ready(server):
+        extra = f" (CURVE, server public key {server.public_key})" if server.public_key else ""
+        print(f"listening on {server.endpoint}{extra}", flush=True)
+
+    try:
+        _run_async(serve(cfg, a.bind, ready=ready, allow_remote=a.allow_remote,
+                         curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
+                         curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
+                         max_inflight_per_client=a.max_inflight_per_client), not a.no_uvloop)
+    except KeyboardInterrupt:
+        return 130
+    except (BindError, ValueError, MinedraftError) as e:
+        return _fail(str(e), 1)
+    return 0
+
+
+# -- keygen -----------------------------------------------------------------------------------------------------
+def cmd_keygen(a) -> int:
+    from .server import write_keypair
+    os.makedirs(a.out_dir, exist_ok=True)
+    secret = os.path.join(a.out_dir, f"{a.name}.secret")
+    public = os.path.join(a.out_dir, f"{a.name}.public")
+    try:
+        key = write_keypair(secret, public, force=a.force)
+    except (FileExistsError, OSError) as e:
+        return _fail(str(e), 1)
+    print(f"secret key: {secret}\npublic key: {public}\n{key}")
+    return 0
+
+
+# -- bench ------------------------------------------------------------------------------------------------------
+def cmd_bench(a) -> int:
+    return _bench(a.args)
+
+
+def _bench(argv: list[str]) -> int:
+    try:
+        from . import bench
+    except ImportError as e:
+        return _fail(f"bench is unavailable: cannot import minedraft.bench ({e})", 1)
+    rc = bench.main(list(argv))
+    return rc if isinstance(rc, int) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "bench":  # everything after it belongs to bench, --help included
+        return _bench(argv[1:])
+    a = build_parser().parse_args(argv)
+    return a.func(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
