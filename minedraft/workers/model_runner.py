@@ -87,13 +87,9 @@ class ModelRunner:
         totals = [s + n for s, n in zip(starts, lens)]
         S = max(totals)
         ids = torch.zeros(B, T, dtype=torch.long)
-        read = torch.zeros(B, S, dtype=torch.long)
-        writes = []
-        for b, (sid, toks) in enumerate(zip(seq_ids, token_lists)):
+        for b, toks in enumerate(token_lists):
             ids[b, :lens[b]] = torch.tensor(toks, dtype=torch.long)
-            slots = cache.slots(sid, 0, totals[b])
-            read[b, :totals[b]] = slots
-            writes.append(slots[starts[b]:])
+        read = cache.batch_slots(seq_ids, totals)
         t = torch.arange(T)
         starts_t, lens_t, totals_t = (torch.tensor(x) for x in (starts, lens, totals))
         positions = starts_t[:, None] + t[None, :]
@@ -103,8 +99,9 @@ class ModelRunner:
         if self.sliding_window:
             mask &= key > positions[:, :, None] - self.sliding_window
         mask[:, :, 0] |= ~valid  # pad rows attend to something, so softmax stays finite
+        writes = read.gather(1, positions.clamp(max=S - 1))[valid]
         last = lens_t[:, None] - num_logits + torch.arange(num_logits)[None, :]
-        return _Plan(ids.to(dev), positions.to(dev), torch.cat(writes).to(dev), valid.to(dev),
+        return _Plan(ids.to(dev), positions.to(dev), writes.to(dev), valid.to(dev),
                      read.to(dev), mask[:, None].to(dev), last.to(dev))
 
     # -- forward -----------------------------------------------------------------------------------
