@@ -23,7 +23,7 @@ Both training phases stop on a wall-clock budget (``--target-minutes``,
 schedule (linear warmup + cosine) follows ``max(step/max_steps,
 elapsed/budget)``, so it anneals properly whichever limit ends the run.
 
-Usage (CPU, ~20 min):
+Usage (2 CPU threads, ~21 min):
     nice -n 10 python scripts/train_models.py
 Quick smoke run:
     python scripts/train_models.py --target-minutes 0.3 --draft-minutes 0.2 \
@@ -394,20 +394,50 @@ def samples(target, tok, prompts: list[str], new_tokens: int, seed: int):
 # ----------------------------------------------------------------------------
 
 
-def save_model(model, tok, path: Path):
+def save_model(model, tok, path: Path, tok_from: Path | None = None):
+    """Save `model` as fp16 safetensors plus the tokenizer.  With `tok_from`,
+    the tokenizer files are copied byte-for-byte from that directory (so the
+    two model dirs carry identical tokenizer files)."""
     import copy
+    import shutil
 
     path.mkdir(parents=True, exist_ok=True)
     for f in path.iterdir():
         if f.is_file():
             f.unlink()
     m = copy.deepcopy(model).to(torch.float16)
-    m.config.dtype = torch.float16
     m.generation_config.bos_token_id = tok.bos_token_id
     m.generation_config.eos_token_id = tok.eos_token_id
     m.generation_config.pad_token_id = tok.pad_token_id
     m.save_pretrained(path, safe_serialization=True)
-    tok.save_pretrained(path)
+    if tok_from is None:
+        tok.save_pretrained(path)
+    else:
+        for f in tok_from.iterdir():
+            if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+                shutil.copyfile(f, path / f.name)
+    patch_saved_files(path)
+
+
+def patch_saved_files(path: Path):
+    """Make the saved files friendlier to loaders (idempotent).
+
+    * config ``dtype``/``torch_dtype`` = float32: the models were trained in
+      float32 and only *stored* as float16 to keep the repo small, so a plain
+      ``from_pretrained(dir)`` (dtype="auto") should give float32 on CPU.
+    * tokenizer_class = PreTrainedTokenizerFast: transformers 5 writes its
+      internal "TokenizersBackend" name, which transformers 4.x cannot resolve;
+      PreTrainedTokenizerFast is understood by both.
+    """
+    cfg_p = path / "config.json"
+    cfg = json.loads(cfg_p.read_text())
+    cfg["dtype"] = "float32"
+    cfg["torch_dtype"] = "float32"
+    cfg_p.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    tc_p = path / "tokenizer_config.json"
+    tc = json.loads(tc_p.read_text())
+    tc["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tc_p.write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
 
 
 def dir_size(path: Path) -> int:
@@ -436,9 +466,10 @@ def write_readme(out_dir: Path, rep: dict):
         'draft = AutoModelForCausalLM.from_pretrained("minedraft/models/tiny-draft", dtype=torch.float32)',
         "```",
         "",
-        "Weights are stored as float16 safetensors to keep the repo small; load them",
-        "with `dtype=torch.float32` (all numbers below were measured in float32 after an",
-        "fp16 round-trip of the weights).",
+        "Weights are stored as float16 safetensors to keep the repo small; the models were",
+        "trained in float32 and `config.json` says `dtype: float32`, so loading upcasts them",
+        "(pass `dtype=torch.float32` explicitly to be safe). All numbers below were measured",
+        "in float32 after the fp16 round-trip of the weights, i.e. on exactly what ships.",
         "",
         "## Data and tokenizer",
         "",
@@ -478,6 +509,17 @@ def write_readme(out_dir: Path, rep: dict):
         f" embeddings {'initialised from a PCA projection of the target embeddings' if rep['args']['draft_pca_init'] else 'randomly initialised'}.",
         f"Training ran on {rep['args']['threads']} CPU threads (niced, on a shared machine); total wall time "
         f"{rep['total_wall_s'] / 60:.1f} min.",
+    ]
+    if "reused_target" in rep:
+        r = rep["reused_target"]
+        lines += [
+            "The draft was retrained in a second invocation (`--reuse-target`);",
+            f"the first run's draft ({r['previous_run_draft_train']['steps']} steps,"
+            f" {r['previous_run_draft_train']['wall_s'] / 60:.1f} min) reached greedy agreement"
+            f" {r['previous_run_greedy_agreement']:.3f}. The total above counts the target's training plus the second",
+            "invocation.",
+        ]
+    lines += [
         "",
         "## Draft/target agreement",
         "",
@@ -485,7 +527,10 @@ def write_readme(out_dir: Path, rep: dict):
         f" KL(target || draft) = {d['eval_kl']:.3f} nats/token.",
         f"* Greedy agreement: {m['n_prompts']} held-out prompts ({m['prompt_len']} tokens each), the target greedy-decodes"
         f" {m['new_tokens']} tokens; teacher-forced along that trajectory the draft's argmax equals the",
-        f"  target's at **{m['greedy_agreement']:.3f}** of positions.",
+        f"  target's at **{m['greedy_agreement']:.3f}** of positions. There are only"
+        f" {len(rep['data']['eval_pages'])} held-out pages, so the",
+        "  prompts are the first tokens of each held-out page plus evenly spaced paragraph starts inside",
+        "  those pages (listed in `training_report.json`).",
         "* Expected tokens per speculative step under greedy SD (simulated along those trajectories:",
         "  accept the longest matching prefix of the k drafted tokens, plus one target token):",
         "",
@@ -494,6 +539,17 @@ def write_readme(out_dir: Path, rep: dict):
     ]
     for row in m["speculative"]:
         lines.append(f"| {row['k']} | {row['tokens_per_step']:.3f} | {row['accepted_per_step']:.3f} |")
+    lines += [
+        "",
+        "## Caveats",
+        "",
+        "* The corpus is tiny (~120k training tokens) and the target is undertrained: its eval loss was",
+        "  still falling when the time budget ran out. It writes doc-flavoured, locally plausible but",
+        "  often nonsensical English (see below). That is all these models are for.",
+        "* Both phases stop on wall-clock budgets, so the number of steps (and the exact weights) depends",
+        "  on how busy the machine is; rerunning the script is deterministic only up to that.",
+        "* The held-out split is chosen by characters (~5%), not by page count.",
+    ]
     lines += ["", "## Target samples", ""]
     for s in m["samples"]:
         lines += [
@@ -678,7 +734,9 @@ def main(argv=None):
     # ---------------- save ----------------
     if not args.reuse_target:
         save_model(target, tok, tdir)
-    save_model(draft, tok, ddir)
+    else:
+        patch_saved_files(tdir)
+    save_model(draft, tok, ddir, tok_from=tdir)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         a, b = (tdir / f).read_bytes(), (ddir / f).read_bytes()
         assert a == b, f"{f} differs between model dirs"
@@ -729,6 +787,14 @@ def main(argv=None):
         },
         "total_wall_s": round(time.time() - t_start + (t_train["wall_s"] if args.reuse_target else 0), 1),
     }
+    if args.reuse_target:
+        rep["reused_target"] = {
+            "note": "target (and tokenizer) loaded from a previous run; total_wall_s = that run's target "
+            "training time + this run's wall time",
+            "previous_run_total_wall_s": prev.get("total_wall_s"),
+            "previous_run_draft_train": {k: v for k, v in prev["draft"]["train"].items() if k != "history"},
+            "previous_run_greedy_agreement": prev["measurements"]["greedy_agreement"],
+        }
     (out_dir / "training_report.json").write_text(json.dumps(rep, indent=2, ensure_ascii=False) + "\n")
     write_readme(out_dir, rep)
     print(f"saved {tdir} ({fmt_mb(rep['target']['dir_bytes'])}) and {ddir} ({fmt_mb(rep['draft']['dir_bytes'])})")
