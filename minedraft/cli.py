@@ -28,7 +28,16 @@ def _default(name):
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default, keeps the descriptions' line breaks."""
+    """Shows every option's default (unless its help already says it), keeps the descriptions' line breaks."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text.lower() or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if isinstance(action, (argparse._StoreTrueAction, argparse._AppendAction)) or action.default is None:
+            return text + (" (default: off)" if isinstance(action, argparse._StoreTrueAction) else
+                           " (default: none)")
+        return super()._get_help_string(action)
 
 
 def _run_async(coro, use_uvloop: bool = True):
@@ -56,10 +65,10 @@ def _positive_int(s: str) -> int:
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and engine")
     g.add_argument("--target", default=DEFAULT_TARGET, metavar="DIR",
-                   help="target model directory (weights + tokenizer; loaded from local files only); the default "
-                        "is the tiny pair bundled with minedraft")
+                   help="target model directory (weights + tokenizer; loaded from local files only) "
+                        "(default: the tiny pair bundled with minedraft, %(default)s)")
     g.add_argument("--draft", default=DEFAULT_DRAFT, metavar="DIR",
-                   help="draft model directory; must share the target's tokenizer")
+                   help="draft model directory; must share the target's tokenizer (default: %(default)s)")
     g.add_argument("--mode", choices=MODES, default=_default("mode"),
                    help="minedraft: draft one batch while verifying the other; sequential: standard "
                         "speculative decoding; autoregressive: target alone")
@@ -105,10 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(0 disables)")
     s.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass in (0, 1] "
                    "(1 disables)")
-    s.add_argument("--seed", type=int, default=None, metavar="N", help="seed for sampling (default: random); "
-                   "with a seed a sampled run is reproducible")
+    s.add_argument("--seed", type=int, default=None, metavar="N", help="seed for sampling (default: a random "
+                   "one); with a seed a sampled run is reproducible")
     s.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when TEXT is generated "
-                   "(repeatable; default: none)")
+                   "(repeatable)")
     s.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     _add_model_args(g)
     o = g.add_argument_group("output")
