@@ -24,20 +24,32 @@ class AdaptiveK:
     def _mix(self, old, new):
         return new if old is None else (1 - self.ema) * old + self.ema * new
 
-    def observe(self, k: int, draft_s: float, verify_s: float, drafted: int, accepted: int) -> None:
+    def observe(self, k: int, draft_s: float, verify_s: float, accepted: int, rejections: int) -> None:
+        """One verdict: k drafted per request, `accepted` drafts kept in all, `rejections` requests that hit a
+        rejection before the k-th draft (the per-token acceptance estimate is accepted / (accepted + rejections),
+        the maximum-likelihood value for independent acceptances, unbiased by k)."""
         if k > 0:
             self.t_draft_tok = self._mix(self.t_draft_tok, draft_s / k)
         self.t_verify[k] = self._mix(self.t_verify.get(k), verify_s)
-        if drafted:
-            self.alpha = min(0.99, max(0.01, self._mix(self.alpha, accepted / drafted)))
+        if accepted + rejections:
+            self.alpha = min(0.99, max(0.01, self._mix(self.alpha, accepted / (accepted + rejections))))
 
     def expected_tokens(self, k: int) -> float:
         a = self.alpha
         return (1 - a ** (k + 1)) / (1 - a)
 
+    def verify_time(self, k: int) -> float:
+        """Measured at k when tried; otherwise a line through the tried points (verify cost grows with k)."""
+        if k in self.t_verify or len(self.t_verify) < 2:
+            return self.t_verify.get(k) or self.t_verify[min(self.t_verify, key=lambda j: abs(j - k))]
+        xs, ys = zip(*self.t_verify.items())
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        var = sum((x - mx) ** 2 for x in xs)
+        slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var) if var else 0.0
+        return max(1e-6, my + slope * (k - mx))
+
     def step_time(self, k: int) -> float:
-        tried = min(self.t_verify, key=lambda j: abs(j - k))
-        tv = self.t_verify[tried]
+        tv = self.verify_time(k)
         td = (self.t_draft_tok or 0.0) * k
         return max(td, tv) if self.overlap else td + tv
 

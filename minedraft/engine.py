@@ -129,7 +129,7 @@ class Engine:
                 return
             k = res[0][2]
             ctl.observe(k, m["draft_t1"] - m["draft_t0"], m["t1"] - m["t0"],
-                        sum(r[2] for r in res), sum(r[3] for r in res))
+                        sum(r[3] for r in res), sum(1 for r in res if r[3] < r[2]))
             new_k = ctl.choose()
             if new_k != k:
                 sched.set_k(new_k)
