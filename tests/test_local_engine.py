@@ -413,3 +413,17 @@ def test_drafter_keeps_accepted_drafts_and_drafts_from_the_right_context(tiny_pa
             assert e.draft.cache.length(res.rid) == len(tokens[res.rid]) + min(res.num_accepted, k - 1)
             seen_partial |= 0 < res.num_accepted < k
     assert seen_partial
+
+
+# -- the bundled pair (skipped when absent) ---------------------------------------------------------
+
+def test_bundled_pair_greedy_speculative_equals_target_alone(bundled_pair):
+    target, draft = bundled_pair
+    kw = dict(target=target, draft=draft, max_prompt_tokens=64, max_tokens_limit=32, kv_cache_tokens=4096)
+    prompts = ["The return statement", "A class definition", "for x in range(10):"]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (24, 16, 32)]
+    ar = LocalEngine(mode="autoregressive", **kw).generate(prompts, params)
+    sd = LocalEngine(mode="sequential", k=4, **kw).generate(prompts, params)
+    assert [r.token_ids for r in sd] == [r.token_ids for r in ar]
+    assert all(r.finish_reason == "length" for r in sd)
+    assert acceptance(sd) > 0.2  # a trained pair agrees far more often than chance
