@@ -246,6 +246,8 @@ def cmd_generate(a) -> int:
         return 130
     except (ValueError, MinedraftError) as e:
         return _fail(str(e), 1)
+    except Exception as e:  # e.g. a model directory that transformers cannot load
+        return _fail(f"{type(e).__name__}: {e}", 1)
     if not a.no_stats and final is not None and final.stats is not None:
         st = final.stats
         tps = st.output_tokens / st.latency_s if st.latency_s > 0 else 0.0
@@ -292,6 +294,9 @@ def cmd_serve(a) -> int:
         return 130
     except (BindError, ValueError, MinedraftError) as e:
         return _fail(str(e), 1)
+    except Exception as e:
+        logging.getLogger("minedraft.server").debug("serve failed", exc_info=True)
+        return _fail(f"{type(e).__name__}: {e}", 1)
     return 0
 
 

@@ -36,6 +36,7 @@ from .outputs import RequestStats
 log = logging.getLogger("minedraft.server")
 
 CANCEL_WAIT_S = 10.0   # how long a cancel waits for the request's final message before forcing it
+YIELD_EVERY = 32      # messages handled back to back before the receive loop yields to other tasks
 HEARTBEAT_IVL_MS = 5000
 HEARTBEAT_TIMEOUT_MS = 30000
 
@@ -375,7 +376,14 @@ class Server:
                 e.task.cancel()
 
     async def _recv_loop(self) -> None:
+        burst = 0
         while True:
+            burst += 1
+            if burst >= YIELD_EVERY:
+                # a recv that finds a message ready does not yield: let the engine and other tasks run, so
+                # one flooding client cannot starve everyone else
+                burst = 0
+                await asyncio.sleep(0)
             try:
                 frames = await self.sock.recv_multipart()
             except asyncio.CancelledError:
@@ -384,6 +392,7 @@ class Server:
                 if e.errno in (zmq.ETERM, zmq.ENOTSOCK):
                     return
                 log.warning("recv failed: %s", e)
+                await asyncio.sleep(0.01)
                 continue
             try:
                 self._on_message(frames)
@@ -497,13 +506,16 @@ class Server:
         """Send a request's final message and free its id, in one step (so the id is reusable at once)."""
         if e.done:
             return
+        self._forget(ident, e)
+        self._send(ident, msg)
+
+    def _forget(self, ident: bytes, e: _Entry) -> None:
         e.done = True
         table = self._clients.get(ident)
         if table is not None and table.get(e.id) is e:
             del table[e.id]
             if not table:
                 del self._clients[ident]
-        self._send(ident, msg)
 
     def _failure(self, e: _Entry, exc: BaseException) -> dict:
         if isinstance(exc, MinedraftError):
@@ -535,6 +547,7 @@ class Server:
             async with contextlib.aclosing(self.engine.stream(req.prompt, req.params, request_id=e.name)) as it:
                 async for d in it:
                     if (d.text or d.token_ids) and not self._send(ident, P.delta_reply(e.id, d.text, d.token_ids)):
+                        self._forget(ident, e)
                         return  # client gone: closing the stream aborts the request in the engine
                     if d.finished:
                         return self._finish(ident, e, P.done_reply(e.id, d.finish_reason or "abort", d.stats))

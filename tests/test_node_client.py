@@ -176,3 +176,57 @@ def test_no_reply_without_server(node_modules):
                         "300", "health"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == "timeout"
     assert time.monotonic() - t < 10
+
+
+class _StubEngine:
+    """Enough of an Engine for a protocol-level check, without models."""
+
+    async def generate(self, prompt, params, request_id=None):
+        from minedraft.outputs import GenerationResult
+        return GenerationResult(request_id, f"echo:{prompt}", [1, 2, 3], "length")
+
+    async def abort(self, request_id):
+        return False
+
+    def health(self):
+        return {"ok": True, "drafter_alive": True, "verifier_alive": True, "error": None}
+
+    def stats(self):
+        return {}
+
+
+@pytest.fixture
+def curve_stub_server(tmp_path):
+    """A CURVE-enabled Server on a stub engine, on its own loop in a thread."""
+    import asyncio
+    import threading
+
+    from minedraft.server import Server, write_keypair
+    write_keypair(tmp_path / "s.secret", tmp_path / "s.public")
+    started, box = threading.Event(), {}
+
+    def run():
+        async def main():
+            async with Server(_StubEngine(), "tcp://127.0.0.1:*", curve_secret_key=tmp_path / "s.secret") as s:
+                box["endpoint"], box["stop"], box["loop"] = s.endpoint, asyncio.Event(), asyncio.get_running_loop()
+                started.set()
+                await box["stop"].wait()
+        asyncio.run(main())
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert started.wait(10)
+    yield box["endpoint"], tmp_path / "s.public"
+    box["loop"].call_soon_threadsafe(box["stop"].set)
+    t.join(10)
+
+
+def test_curve_with_server_key(curve_stub_server, node_modules):
+    ep, public = curve_stub_server
+    [out] = node(ep, "--server-key", str(public), "generate", "hi")
+    assert out["text"] == "echo:hi" and out["token_ids"] == [1, 2, 3]
+    [out] = node(ep, "--server-key", public.read_text().strip(), "health")  # the key inline
+    assert out["ok"] is True
+    r = subprocess.run(["node", str(NODE_DIR / "client.mjs"), "--endpoint", ep, "--timeout-ms", "500", "health"],
+                       capture_output=True, text=True, timeout=30)  # no key: the handshake never completes
+    assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == "timeout"
