@@ -50,9 +50,11 @@ class EngineConfig:
             if getattr(self, name) < 1:
                 bad(f"{name} must be >= 1, got {getattr(self, name)}")
         need = self.max_prompt_tokens + self.max_tokens_limit + self.k + 1
-        if self.kv_cache_tokens < need:
-            bad(f"kv_cache_tokens={self.kv_cache_tokens} cannot hold even one request of max_prompt_tokens + "
-                f"max_tokens_limit + k + 1 = {need} positions; raise it or lower those limits")
+        need_blocks = -(-need // self.block_size)
+        if self.kv_cache_tokens // self.block_size < need_blocks:
+            bad(f"kv_cache_tokens={self.kv_cache_tokens} ({self.kv_cache_tokens // self.block_size} blocks of "
+                f"{self.block_size}) cannot hold even one request of max_prompt_tokens + max_tokens_limit + k + 1 "
+                f"= {need} positions ({need_blocks} blocks); raise it or lower those limits")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             bad(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         for name in ("draft_device", "target_device"):

@@ -19,6 +19,24 @@ class IncrementalDetokenizer:
     def _decode(self) -> str:
         return self.tokenizer.decode(self.ids, skip_special_tokens=True)
 
+    def _first_completed(self, text: str, lo: int) -> tuple[int, int] | None:
+        """(start, end) of the stop string that completes first in text[lo:], so the cut does not depend on
+        how the tokens were chunked into pushes."""
+        best = None
+        for s in self.stop:
+            i = text.find(s, lo)
+            if i >= 0 and (best is None or (i + len(s), i) < (best[1], best[0])):
+                best = (i, i + len(s))
+        return best
+
+    def _trim_ids(self, before: int, lo: int, end: int) -> None:
+        """Keep only the tokens up to the one that completes the stop string: the same ids whatever k was."""
+        for n in range(before + 1, len(self.ids) + 1):
+            text = self.tokenizer.decode(self.ids[:n], skip_special_tokens=True)
+            if len(text) >= end and self._first_completed(text[:end], lo) is not None:
+                del self.ids[n:]
+                return
+
     def _partial_stop(self, text: str) -> int:
         """Length of the longest tail of text that could begin a stop string: held back until resolved."""
         best = 0
@@ -33,6 +51,7 @@ class IncrementalDetokenizer:
         """Add tokens; return the newly stable text (possibly "")."""
         if self.stopped:
             return ""
+        before = len(self.ids)
         self.ids.extend(new_ids)
         full = self._decode()
         if not final:
@@ -43,10 +62,12 @@ class IncrementalDetokenizer:
         if self.stop:
             # search from a little before the old end, so a stop string spanning two pushes is seen
             lo = max(0, len(self.text) - max(map(len, self.stop)) + 1)
-            hits = [i for i in (full.find(s, lo) for s in self.stop) if i >= 0]
-            if hits:
-                full = full[:min(hits)]
+            hit = self._first_completed(full, lo)
+            if hit is not None:
+                start, end = hit
+                full = full[:start]
                 self.stopped = True
+                self._trim_ids(before, lo, end)
             elif not final:
                 full = full[:len(full) - self._partial_stop(full)]
         delta = full[len(self.text):] if len(full) > len(self.text) else ""

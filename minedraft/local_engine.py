@@ -23,7 +23,7 @@ from .workers.verifier import Verifier
 
 def eos_ids(model_config, tokenizer) -> list[int]:
     eos = getattr(model_config, "eos_token_id", None)
-    ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    ids = list(eos) if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return sorted(set(ids))

@@ -71,7 +71,7 @@ class RequestState:
         text = self.detok.push(r.new_tokens, final=r.finish_reason is not None)
         new_ids = self.detok.ids[before:] if before <= len(self.detok.ids) else []
         st.output_tokens = len(self.detok.ids)
-        reason = r.finish_reason or ("stop" if self.detok.stopped else None)
+        reason = "stop" if self.detok.stopped else r.finish_reason
         if reason:
             self.finish(reason)
         return StreamDelta(self.request_id, text, new_ids, self.finished, self.finish_reason,

@@ -15,7 +15,9 @@ from .sampling_params import SamplingParams
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """logits [..., V] -> probabilities [..., V] for a sampled (temperature > 0) request."""
+    """logits [..., V] -> probabilities [..., V]; a greedy request gets the one-hot of its argmax."""
+    if params.greedy:
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     x = logits.float() / params.temperature
     if params.top_k and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]

@@ -8,11 +8,14 @@ from dataclasses import asdict, dataclass, field
 from .errors import InvalidRequestError
 
 
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request samples.
 
-    temperature == 0 means greedy. top_k == 0 and top_p == 1.0 disable those filters.
+    temperature == 0 (or below 1e-5) means greedy. top_k == 0 and top_p == 1.0 disable those filters.
     seed makes a sampled request reproducible on its own, whatever else shares its batch.
     """
 
@@ -27,6 +30,11 @@ class SamplingParams:
 
     def __post_init__(self):
         # Accept lists from JSON/msgpack callers but store tuples so params stay hashable.
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            raise InvalidRequestError(f"invalid SamplingParams: stop_token_ids must be a list of ints, "
+                                      f"got {self.stop_token_ids!r}")
+        if not isinstance(self.stop, (str, list, tuple)):
+            raise InvalidRequestError(f"invalid SamplingParams: stop must be a str or a list of str, got {self.stop!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         object.__setattr__(self, "stop", stop)
@@ -61,7 +69,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # below this, logits / T overflows float32; such a temperature is greedy in all but name
+        return self.temperature < GREEDY_BELOW
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -71,11 +80,13 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "SamplingParams":
+        if d is not None and not isinstance(d, dict):
+            raise InvalidRequestError(f"invalid SamplingParams: expected a map, got {type(d).__name__}")
         d = dict(d or {})
         known = set(cls.__dataclass_fields__)
-        unknown = set(d) - known
+        unknown = [k for k in d if k not in known]
         if unknown:
-            raise InvalidRequestError(f"invalid SamplingParams: unknown field(s) {sorted(unknown)}")
+            raise InvalidRequestError(f"invalid SamplingParams: unknown field(s) {sorted(map(repr, unknown))}")
         try:
             return cls(**d)
         except TypeError as e:  # e.g. unhashable values inside lists

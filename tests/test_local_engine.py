@@ -260,9 +260,6 @@ def test_request_that_can_never_fit_is_rejected(small_engine, monkeypatch):
     assert ok.finish_reason == "length" and len(ok.token_ids) == 5
 
 
-@pytest.mark.xfail(strict=True, reason="library bug: EngineConfig.validate checks kv_cache_tokens >= max_prompt_tokens"
-                   " + max_tokens_limit + k + 1, but PagedKVCache keeps only kv_cache_tokens // block_size whole "
-                   "blocks, so a config that validates can reject a request within all its limits")
 def test_config_that_validates_serves_a_max_size_request(tiny_pair):
     kw = dict(kv_cache_tokens=70, block_size=16, max_prompt_tokens=32, max_tokens_limit=32, k=3)
     try:
@@ -326,9 +323,6 @@ def test_stop_strings_cut_text(mode, k, engines, long_ref, ignore_eos_ref, tok):
     assert_cache_empty(e)
 
 
-@pytest.mark.xfail(strict=True, reason="library bug: when a stop string ends a request, token_ids keep every token "
-                   "of the step that completed it (up to k past the stop string), so they depend on k; "
-                   "RequestState.on_result / IncrementalDetokenizer.push never trim ids after the stop")
 def test_stop_string_token_ids_do_not_depend_on_k(engines, long_ref, tok):
     cases = stop_string_cases(tok, long_ref)
     prompts = [PROMPTS[i] for i, *_ in cases]
@@ -339,9 +333,6 @@ def test_stop_string_token_ids_do_not_depend_on_k(engines, long_ref, tok):
         assert [r.token_ids for r in sd] == [r.token_ids for r in ar]
 
 
-@pytest.mark.xfail(strict=True, reason="library bug: RequestState.on_result prefers the verifier's 'length' over "
-                   "'stop' when the step that reaches max_tokens also completes a stop string, though the text "
-                   "was cut at the stop string")
 def test_stop_string_on_last_allowed_token_is_stop(engines, long_ref, tok):
     e = engines("autoregressive")
     checked = 0

@@ -130,4 +130,7 @@ class PagedKVCache:
         return slots.masked_fill(pos[None, :] >= torch.tensor(totals)[:, None], 0)
 
     def extend(self, seq_id, n: int) -> None:
-        self._lengths[seq_id] += n
+        new = self._lengths[seq_id] + n
+        if new > self._capacity[seq_id]:
+            raise MemoryError(f"sequence {seq_id!r} would hold {new} positions, reserved {self._capacity[seq_id]}")
+        self._lengths[seq_id] = new

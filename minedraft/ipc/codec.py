@@ -10,7 +10,10 @@ def pack(msg: dict) -> bytes:
 
 
 def unpack(data: bytes) -> dict:
-    msg = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    try:
+        msg = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except TypeError as e:  # e.g. a map keyed by an array: unhashable in Python
+        raise ValueError(f"undecodable control message: {e}") from None
     if not isinstance(msg, dict) or "t" not in msg:
         raise ValueError("control message must be a map with a 't' field")
     return msg
