@@ -119,6 +119,10 @@ class AsyncScheduler:
         if name in self.by_name:
             raise InvalidRequestError(f"request_id {name!r} is already in use")
         req = make_request(rid, prompt, params, self.tokenizer, self.config, self.vocab_size)
+        try:  # fail here, not at admission, if it cannot travel to the workers
+            pack(req.to_msg())
+        except (OverflowError, TypeError, ValueError) as e:
+            raise InvalidRequestError(f"request cannot be encoded: {e}") from None
         if self._blocks(req) > self.total_blocks:
             raise InvalidRequestError(f"request needs {req.cache_tokens(self.k)} KV positions, more than the "
                                       f"whole cache ({self.config.kv_cache_tokens})")
@@ -180,8 +184,12 @@ class AsyncScheduler:
     # -- worker messages ---------------------------------------------------------------------------
     async def _status_loop(self) -> None:
         try:
+            n = 0
             while True:
                 m = unpack(await self.status.recv())
+                n += 1
+                if n % 8 == 0:  # a ready socket's recv does not yield: let streams and the watchdog run
+                    await asyncio.sleep(0)
                 if m["t"] == "verdict":
                     self._on_verdict(m)
                 elif m["t"] == "probe":
@@ -199,8 +207,12 @@ class AsyncScheduler:
     async def _drafts_loop(self) -> None:
         """The drafter's broadcast: used here for the timeline and per-step draft time."""
         try:
+            n = 0
             while True:
                 m = unpack(await self.drafts.recv())
+                n += 1
+                if n % 8 == 0:
+                    await asyncio.sleep(0)
                 if m["t"] == "drafts" and m["rids"]:
                     self.stats.draft_time_s += m["t1"] - m["t0"]
                     if self.trace:

@@ -9,6 +9,7 @@ from .errors import InvalidRequestError
 
 
 GREEDY_BELOW = 1e-5
+INT_LIMIT = 2**31  # ints travel to the workers as msgpack; nothing real comes near this
 
 
 @dataclass(frozen=True)
@@ -47,17 +48,17 @@ class SamplingParams:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             bad(f"temperature must be a finite number >= 0, got {t!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            bad(f"top_k must be an int >= 0 (0 disables), got {self.top_k!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 0 <= self.top_k < INT_LIMIT:
+            bad(f"top_k must be an int in [0, 2**31) (0 disables), got {self.top_k!r}")
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
             bad(f"top_p must be in (0, 1], got {p!r}")
         m = self.max_tokens
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            bad(f"max_tokens must be an int >= 1, got {m!r}")
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m < INT_LIMIT:
+            bad(f"max_tokens must be an int in [1, 2**31), got {m!r}")
         for tid in self.stop_token_ids:
-            if isinstance(tid, bool) or not isinstance(tid, int) or tid < 0:
-                bad(f"stop_token_ids must be ints >= 0, got {tid!r}")
+            if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid < INT_LIMIT:
+                bad(f"stop_token_ids must be ints in [0, 2**31), got {tid!r}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 bad(f"stop strings must be non-empty str, got {s!r}")

@@ -384,20 +384,16 @@ async def test_invalid_requests_fail_alone(tiny_pair, tiny_tokenizer, reference)
     assert all(v == 0 for part in usage.values() for v in part.values()), usage
 
 
-@pytest.mark.xfail(strict=True, reason="AsyncScheduler._admit packs the request only at admission: a param msgpack "
-                   "cannot encode (an int >= 2**64 in top_k or stop_token_ids) raises OverflowError there, after "
-                   "the request took a batch slot and KV blocks. Submitted directly it leaks both; admitted later "
-                   "(from _release in _on_verdict) it kills _status_loop and every request hangs. See the report.")
 async def test_unencodable_params_are_rejected_at_submission_and_hurt_no_one(tiny_pair, reference):
     async with Engine(_cfg(tiny_pair, max_batch_size=1)) as engine:
         # admitted at once: must be InvalidRequestError, and leave no slot or block behind
         with pytest.raises(InvalidRequestError):
-            await asyncio.wait_for(engine.generate("the class", SamplingParams(top_k=2**64, max_tokens=4)), 10)
+            await asyncio.wait_for(engine.generate("the class", {"top_k": 2**64, "max_tokens": 4}), 10)
         s = engine.stats()
         assert s["running"] == 0 and s["kv_blocks_free"] == s["kv_blocks_total"], s
         # queued behind a running request: must be refused at submission, and the others must finish
         a = asyncio.ensure_future(engine.generate("the class", _greedy(32)))
-        b = asyncio.ensure_future(engine.generate("the def", SamplingParams(stop_token_ids=[2**64], max_tokens=4)))
+        b = asyncio.ensure_future(engine.generate("the def", {"stop_token_ids": [2**64], "max_tokens": 4}))
         c = asyncio.ensure_future(engine.generate("the for", _greedy(8)))
         ra, rb, rc = await asyncio.wait_for(asyncio.gather(a, b, c, return_exceptions=True), 30)
         assert isinstance(rb, InvalidRequestError), rb
