@@ -278,7 +278,7 @@ BAD_CONFIGS = [
     (dict(max_prompt_tokens=0), r"max_prompt_tokens must be >= 1"),
     (dict(max_tokens_limit=-1), r"max_tokens_limit must be >= 1"),
     (dict(kv_cache_tokens=128, max_prompt_tokens=100, max_tokens_limit=64),
-     r"kv_cache_tokens=128 cannot hold even one request of .* = 169 positions"),
+     r"kv_cache_tokens=128 \(8 blocks of 16\) cannot hold even one request of .* = 169 positions"),
     (dict(mode="turbo"), r"mode must be one of \('minedraft', 'sequential', 'autoregressive'\), got 'turbo'"),
     (dict(dtype="int8"), r"dtype must be"),
     (dict(target_device="tpu"), r"target_device must be 'auto', 'cpu' or 'cuda:N'"),
@@ -300,9 +300,12 @@ def test_bad_config_raises_value_error_at_construction(tiny_pair, overrides, mat
 
 
 def test_good_config_edges_are_accepted(tiny_pair):
-    need = 64 + 64 + 3 + 1
+    need = 64 + 64 + 3 + 1          # 132 positions = 9 blocks of 16: exactly 144 tokens of cache
     EngineConfig(target=tiny_pair.target, draft=tiny_pair.draft, k=3, max_prompt_tokens=64, max_tokens_limit=64,
-                 kv_cache_tokens=need)
+                 kv_cache_tokens=-(-need // 16) * 16)
+    with pytest.raises(ValueError, match="9 blocks"):  # one token short of the last whole block
+        EngineConfig(target=tiny_pair.target, draft=tiny_pair.draft, k=3, max_prompt_tokens=64,
+                     max_tokens_limit=64, kv_cache_tokens=-(-need // 16) * 16 - 1)
     EngineConfig(target=tiny_pair.target, draft=tiny_pair.draft, k=16, max_batch_size=1, max_queue=1,
                  kv_cache_tokens=4096, max_prompt_tokens=64, max_tokens_limit=64, mode="autoregressive")
 
