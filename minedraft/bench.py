@@ -117,11 +117,11 @@ COLS = [("tok_s", "tok/s", "{:8.1f}"), ("lat_p50", "lat p50 s", "{:9.3f}"), ("la
 
 
 def format_table(rows: list[tuple[str, dict]]) -> str:
-    head = f"{'setting':34s}" + "".join(f"{h:>{len(fmt.format(0))+1}s}" for _, h, fmt in COLS)
+    head = f"{"setting":42s}" + "".join(f"{h:>{len(fmt.format(0))+1}s}" for _, h, fmt in COLS)
     lines = [head, "-" * len(head)]
     for name, m in rows:
         cells = "".join(" " + (fmt.format(m[k]) if k in m else " " * len(fmt.format(0))) for k, _, fmt in COLS)
-        lines.append(f"{name:34s}{cells}")
+        lines.append(f"{name:42s}{cells}")
     return "\n".join(lines)
 
 
@@ -131,8 +131,9 @@ async def _bench(args) -> list[tuple[str, dict]]:
     rates = args.rate or [None]
     points = [(k, b, r) for k in ks for b in batches for r in rates]
     modes = args.modes
-    n_runs = sum((1 if m == "autoregressive" else len(points)) if m != "minedraft" else
-                 len(points) * (2 if args.adaptive else 1) for m in modes) * args.repeats
+    per_mode = {"autoregressive": len({(b, r) for _, b, r in points}), "sequential": len(points),
+                "minedraft": len(points) + (len({(b, r) for _, b, r in points}) if args.adaptive else 0)}
+    n_runs = sum(per_mode[m] for m in modes) * args.repeats
     if args.hf:
         n_runs += args.repeats
     bar = tqdm(total=n_runs, desc="bench", unit="run")
@@ -149,13 +150,13 @@ async def _bench(args) -> list[tuple[str, dict]]:
                 params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True,
                                         seed=0 if args.temperature else None)
                 await run_workload(engine, corpus_prompts(2, 99), params, None)  # warm-up
-                seen_ar = False
+                seen: set = set()
                 for k, b, r in points:
-                    if mode == "autoregressive":
-                        if seen_ar and len(batches) == 1 and len(rates) == 1:
-                            continue  # k does not apply
-                        seen_ar = True
-                    elif not adaptive:
+                    if mode == "autoregressive" or adaptive:  # k does not apply: one run per (B, rate)
+                        if (b, r) in seen:
+                            continue
+                        seen.add((b, r))
+                    if mode != "autoregressive" and not adaptive:
                         engine.scheduler.set_k(k)
                     runs = []
                     for rep in range(args.repeats):
@@ -170,12 +171,12 @@ async def _bench(args) -> list[tuple[str, dict]]:
                     tag = ("" if mode == "autoregressive" else f" k={'auto' if adaptive else k}") + f" B={b}"
                     tag += f" rate={r:g}/s" if r else ""
                     m = _median(runs)
-                    if adaptive and engine.adaptive:
-                        m["k_chosen"] = statistics.median(engine.adaptive.history) if engine.adaptive.history else 0
+                    if adaptive and engine.adaptive and engine.adaptive.history:
+                        tag = tag.replace("k=auto", f"k=auto(~{statistics.median(engine.adaptive.history):g})")
                     rows.append((name + tag, m))
     if args.hf:
         prompts = corpus_prompts(args.hf_prompts, seed=0)
-        rows.append(("hf assisted (batch 1)", hf_assisted(args.target, args.draft, prompts, args.max_tokens,
+        rows.append((f"hf assisted batch=1 B={batches[-1]}", hf_assisted(args.target, args.draft, prompts, args.max_tokens,
                                                           args.repeats, bar, args.dtype)))
     bar.close()
     if trace_events:
@@ -187,31 +188,38 @@ async def _bench(args) -> list[tuple[str, dict]]:
     return rows
 
 
+def _group(name: str) -> str:
+    """The workload part of a row name ("B=16 rate=20/s"): rows of one group are comparable."""
+    return name[name.index(" B=") + 1:] if " B=" in name else ""
+
+
+def _k(name: str) -> str:
+    return name.split(" k=", 1)[1].split(" ", 1)[0] if " k=" in name else ""
+
+
 def ratios(rows: list[tuple[str, dict]]) -> list[str]:
-    """Throughput of every row against sequential SD (and target-alone) at the same k/B/rate."""
-    def key(name):
-        return name.split(" ", 1)[1] if " " in name else ""
-    seq = {key(n): m for n, m in rows if n.startswith("sequential")}
-    ar = {n.split(" B=", 1)[1] if " B=" in n else "": m for n, m in rows if n.startswith("autoregressive")}
+    """Throughput against sequential SD at the same k, the best sequential k, and target-alone."""
     out = []
-    for n, m in rows:
-        if n.startswith("minedraft"):
-            k_part = key(n).replace("(adaptive k) ", "")
-            s = seq.get(k_part) or (next(iter(seq.values())) if len(seq) == 1 else None)
-            a = ar.get(n.split(" B=", 1)[1]) if " B=" in n else None
-            parts = [f"{n}:"]
-            if s:
-                parts.append(f"{m['tok_s'] / s['tok_s']:.2f}x sequential SD")
-            if a:
-                parts.append(f"{m['tok_s'] / a['tok_s']:.2f}x autoregressive")
-            out.append("  ".join(parts))
-        elif n.startswith("sequential"):
-            a = ar.get(n.split(" B=", 1)[1]) if " B=" in n else None
-            if a:
-                out.append(f"{n}:  {m['tok_s'] / a['tok_s']:.2f}x autoregressive")
-        elif n.startswith("hf assisted") and seq:
-            s = next(iter(seq.values()))
-            out.append(f"{n}:  {m['tok_s'] / s['tok_s']:.2f}x sequential SD (batch 1 vs batched)")
+    for g in dict.fromkeys(_group(n) for n, _ in rows if _group(n)):
+        grp = [(n, m) for n, m in rows if _group(n) == g]
+        ar = next((m for n, m in grp if n.startswith("autoregressive")), None)
+        seq = {_k(n): m for n, m in grp if n.startswith("sequential")}
+        md = {_k(n): m for n, m in grp if n.startswith("minedraft k=")}
+        best_seq = max(seq.items(), key=lambda x: x[1]["tok_s"]) if seq else None
+        best_md = max(md.items(), key=lambda x: x[1]["tok_s"]) if md else None
+        out.append(f"[{g}]")
+        for n, m in grp:
+            parts = []
+            if n.startswith("minedraft") and _k(n) in seq:
+                parts.append(f"{m['tok_s'] / seq[_k(n)]['tok_s']:.2f}x sequential SD at the same k")
+            if (n.startswith("minedraft") or n.startswith("hf")) and best_seq:
+                parts.append(f"{m['tok_s'] / best_seq[1]['tok_s']:.2f}x best sequential SD (k={best_seq[0]})")
+            if "adaptive" in n and best_md:
+                parts.append(f"{m['tok_s'] / best_md[1]['tok_s']:.2f}x best fixed-k minedraft (k={best_md[0]})")
+            if ar and not n.startswith("autoregressive"):
+                parts.append(f"{m['tok_s'] / ar['tok_s']:.2f}x autoregressive")
+            if parts:
+                out.append(f"  {n}: " + ", ".join(parts))
     return out
 
 
@@ -251,9 +259,9 @@ def main(argv=None) -> int:
     print()
     print(format_table(rows))
     print()
-    print("ratios (throughput):")
+    print("ratios (output tokens/s, medians):")
     for line in ratios(rows):
-        print("  " + line)
+        print(line)
     return 0
 
 
