@@ -117,7 +117,7 @@ COLS = [("tok_s", "tok/s", "{:8.1f}"), ("lat_p50", "lat p50 s", "{:9.3f}"), ("la
 
 
 def format_table(rows: list[tuple[str, dict]]) -> str:
-    head = f"{"setting":42s}" + "".join(f"{h:>{len(fmt.format(0))+1}s}" for _, h, fmt in COLS)
+    head = f"{'setting':42s}" + "".join(f"{h:>{len(fmt.format(0))+1}s}" for _, h, fmt in COLS)
     lines = [head, "-" * len(head)]
     for name, m in rows:
         cells = "".join(" " + (fmt.format(m[k]) if k in m else " " * len(fmt.format(0))) for k, _, fmt in COLS)
