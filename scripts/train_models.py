@@ -13,7 +13,9 @@ Pipeline
   1. split pages into train / held-out eval (~5% of characters)
   2. train a 2048-entry byte-level BPE tokenizer on the train pages
   3. train the target with next-token CE on random 256-token windows
-  4. distil the draft from the frozen target (KL(target || draft), optional CE)
+  4. distil the draft from the frozen target (KL(target || draft), optional CE),
+     with the target's log-probs cached once on strided corpus windows and on
+     the target's own generations
   5. measure greedy agreement / expected tokens per speculative step,
      sample some text, save everything in HF format (fp16 safetensors),
      and write README.md + training_report.json next to the models.
@@ -23,8 +25,11 @@ Both training phases stop on a wall-clock budget (``--target-minutes``,
 schedule (linear warmup + cosine) follows ``max(step/max_steps,
 elapsed/budget)``, so it anneals properly whichever limit ends the run.
 
-Usage (2 CPU threads, ~21 min):
+Usage (2 CPU threads, ~25 min):
     nice -n 10 python scripts/train_models.py
+Draft only (keeps the saved target and tokenizer; replaces the draft only if
+its greedy agreement improves on the saved report's):
+    nice -n 10 python scripts/train_models.py --reuse-target --draft-minutes 10
 Quick smoke run:
     python scripts/train_models.py --target-minutes 0.3 --draft-minutes 0.2 \
         --out-dir /tmp/tiny-models
@@ -317,6 +322,72 @@ def pca_init_draft_embeddings(draft, target):
 
 
 # ----------------------------------------------------------------------------
+# cached distillation: the frozen target's outputs are computed once up front
+# ----------------------------------------------------------------------------
+
+
+def strided_windows(data: torch.Tensor, length: int, stride: int) -> torch.Tensor:
+    """Windows of `length` tokens every `stride` tokens, plus one flush with the
+    end, so every token of `data` is inside at least one window."""
+    starts = list(range(0, len(data) - length + 1, stride))
+    if starts[-1] != len(data) - length:
+        starts.append(len(data) - length)
+    return torch.stack([data[s : s + length] for s in starts])
+
+
+@torch.no_grad()
+def target_logprobs(target, windows: torch.Tensor, bs: int = 16) -> torch.Tensor:
+    """Full next-token log-probs of the frozen target for every position of
+    every window, stored as float16: [n_windows, length, vocab]."""
+    target.eval()
+    out = torch.empty(*windows.shape, VOCAB_SIZE, dtype=torch.float16)
+    for i in range(0, len(windows), bs):
+        out[i : i + bs] = F.log_softmax(target(windows[i : i + bs]).logits.float(), -1).to(torch.float16)
+    return out
+
+
+@torch.no_grad()
+def target_generations(target, train_ids, *, n_windows, length, prompt_len, temps, bs, gen, eos_id):
+    """The target's own continuations of random train-split prompts: each window
+    is `prompt_len` corpus tokens + `length - prompt_len` target tokens.  Batches
+    cycle through `temps` (0 = greedy, else pure sampling at that temperature,
+    no top-k/top-p), which is the kind of text the draft sees at inference."""
+    target.eval()
+    outs = []
+    for b, i in enumerate(range(0, n_windows, bs)):
+        n = min(bs, n_windows - i)
+        x = random_windows(train_ids, n, prompt_len, gen)
+        t = temps[b % len(temps)]
+        kw = dict(do_sample=False) if t == 0 else dict(do_sample=True, temperature=t, top_k=0, top_p=1.0)
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        y = target.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=length - prompt_len,
+            min_new_tokens=length - prompt_len,
+            pad_token_id=eos_id,
+            **kw,
+        )
+        outs.append(y[:, :length])
+    return torch.cat(outs)
+
+
+@torch.no_grad()
+def eval_distill_cached(draft, windows: torch.Tensor, t_lp: torch.Tensor, bs: int = 8):
+    """Like eval_distill, with the target's log-probs precomputed."""
+    draft.eval()
+    kl_tot, agree, n_tok = 0.0, 0, 0
+    for i in range(0, len(windows), bs):
+        x = windows[i : i + bs]
+        tl = t_lp[i : i + bs].float()
+        dl = draft(x).logits.float()
+        kl_tot += F.kl_div(F.log_softmax(dl, -1), tl, log_target=True, reduction="sum").item()
+        agree += (tl.argmax(-1) == dl.argmax(-1)).sum().item()
+        n_tok += x.numel()
+    return kl_tot / n_tok, agree / n_tok
+
+
+# ----------------------------------------------------------------------------
 # measurement
 # ----------------------------------------------------------------------------
 
@@ -496,7 +567,9 @@ def write_readme(out_dir: Path, rep: dict):
         f"| parameters | {t['params']:,} | {d['params']:,} |",
         f"| files on disk | {fmt_mb(t['dir_bytes'])} | {fmt_mb(d['dir_bytes'])} |",
         f"| training | {t['train']['steps']} steps, {t['train']['wall_s'] / 60:.1f} min | "
-        f"{d['train']['steps']} steps, {d['train']['wall_s'] / 60:.1f} min |",
+        f"{d['train']['steps']} steps, {d['train']['wall_s'] / 60:.1f} min"
+        + (f" (+ {d['train']['prep']['total_s'] / 60:.1f} min caching)" if "prep" in d["train"] else "")
+        + " |",
         f"| eval CE loss (nats/token) | {t['eval_loss']:.3f} | {d['eval_loss']:.3f} |",
         "",
         f"Common: vocab {VOCAB_SIZE}, RoPE theta 10000, max positions 1024, tied embeddings, SiLU MLP, RMSNorm.",
@@ -507,16 +580,32 @@ def write_readme(out_dir: Path, rep: dict):
         "to 10%, grad-clip 1.0, stopped on a wall-clock budget. Draft = distillation from the frozen",
         f"target, loss KL(target || draft) + {rep['args']['draft_ce_weight']} * CE, lr {rep['args']['draft_lr']},"
         f" embeddings {'initialised from a PCA projection of the target embeddings' if rep['args']['draft_pca_init'] else 'randomly initialised'}.",
+    ]
+    if "prep" in d["train"]:
+        pr = d["train"]["prep"]
+        temps = ", ".join("greedy" if t == 0 else f"T={t:g}" for t in pr["gen_temps"])
+        lines += [
+            f"The target's full next-token distributions (fp16) were computed once, on {pr['corpus_windows']}"
+            f" {rep['args']['seq_len']}-token windows of the train split (stride {pr['cache_stride']}, so every token is covered)",
+            f"and on {pr['gen_windows']} windows of the target's own continuations of {pr['gen_prompt_len']}-token train-split"
+            f" prompts (batches cycling {temps}; pure sampling, no top-k);",
+            f"the draft trains on random batches of {rep['args']['draft_batch']} of those windows, so a step costs only the draft's"
+            f" forward/backward (caching took {pr['total_s']:.0f} s, {pr['generate_s']:.0f} s of it generating).",
+            "The weights with the lowest held-out KL are kept.",
+        ]
+    lines += [
         f"Training ran on {rep['args']['threads']} CPU threads (niced, on a shared machine); total wall time "
         f"{rep['total_wall_s'] / 60:.1f} min.",
     ]
     if "reused_target" in rep:
         r = rep["reused_target"]
+        pc = r["previous_run_draft_config"]
         lines += [
-            "The draft was retrained in a second invocation (`--reuse-target`);",
-            f"the first run's draft ({r['previous_run_draft_train']['steps']} steps,"
+            "The draft was retrained in a later invocation (`--reuse-target`, target loaded unchanged);",
+            f"the previous draft ({pc['num_hidden_layers']} layer(s), hidden {pc['hidden_size']},"
+            f" {r['previous_run_draft_params']:,} params; {r['previous_run_draft_train']['steps']} steps,"
             f" {r['previous_run_draft_train']['wall_s'] / 60:.1f} min) reached greedy agreement"
-            f" {r['previous_run_greedy_agreement']:.3f}. The total above counts the target's training plus the second",
+            f" {r['previous_run_greedy_agreement']:.3f}. The total above counts the target's training plus that",
             "invocation.",
         ]
     lines += [
@@ -534,11 +623,21 @@ def write_readme(out_dir: Path, rep: dict):
         "* Expected tokens per speculative step under greedy SD (simulated along those trajectories:",
         "  accept the longest matching prefix of the k drafted tokens, plus one target token):",
         "",
-        "| k | tokens / step (incl. bonus) | accepted draft tokens / step |",
-        "|---|---|---|",
     ]
-    for row in m["speculative"]:
-        lines.append(f"| {row['k']} | {row['tokens_per_step']:.3f} | {row['accepted_per_step']:.3f} |")
+    old_spec = rep.get("reused_target", {}).get("previous_run_speculative")
+    if old_spec:
+        lines += [
+            "| k | tokens / step (incl. bonus) | accepted draft tokens / step | previous draft: tokens / step |",
+            "|---|---|---|---|",
+        ]
+        for row, o in zip(m["speculative"], old_spec):
+            lines.append(
+                f"| {row['k']} | {row['tokens_per_step']:.3f} | {row['accepted_per_step']:.3f} | {o['tokens_per_step']:.3f} |"
+            )
+    else:
+        lines += ["| k | tokens / step (incl. bonus) | accepted draft tokens / step |", "|---|---|---|"]
+        for row in m["speculative"]:
+            lines.append(f"| {row['k']} | {row['tokens_per_step']:.3f} | {row['accepted_per_step']:.3f} |")
     lines += [
         "",
         "## Caveats",
@@ -585,17 +684,44 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=40)
     ap.add_argument("--target-minutes", type=float, default=12.0)
     ap.add_argument("--target-max-steps", type=int, default=100_000)
-    ap.add_argument("--draft-minutes", type=float, default=8.0)
+    ap.add_argument("--draft-minutes", type=float, default=10.0)
     ap.add_argument("--draft-max-steps", type=int, default=100_000)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
-    ap.add_argument("--draft-batch", type=int, default=16)
+    ap.add_argument("--draft-batch", type=int, default=8)
     ap.add_argument("--draft-ce-weight", type=float, default=0.0)
     ap.add_argument("--no-draft-pca-init", dest="draft_pca_init", action="store_false")
     ap.add_argument(
         "--reuse-target",
         action="store_true",
-        help="load the already-saved target (and tokenizer) from --out-dir instead of retraining it",
+        help="draft-only mode: load the already-saved target (and tokenizer) from --out-dir instead of "
+        "retraining it; the target's files are only read.  The new draft replaces the saved one only if its "
+        "greedy agreement beats the saved report's (see --force-save)",
     )
+    ap.add_argument("--force-save", action="store_true", help="with --reuse-target, save the draft even if it is not better")
+    ap.add_argument("--draft-layers", type=int, default=1)
+    ap.add_argument("--draft-hidden", type=int, default=128)
+    ap.add_argument("--draft-inter", type=int, default=352)
+    ap.add_argument("--draft-heads", type=int, default=4)
+    ap.add_argument("--draft-kv-heads", type=int, default=2)
+    ap.add_argument(
+        "--cache-stride",
+        type=int,
+        default=128,
+        help="the target's log-probs are cached once on seq-len windows of the train split taken every "
+        "this many tokens (<= seq-len, so every token is covered); the draft then trains on those windows",
+    )
+    ap.add_argument(
+        "--gen-windows",
+        type=int,
+        default=512,
+        help="also distil on this many seq-len windows of the target's own continuations of train-split prompts",
+    )
+    ap.add_argument("--gen-prompt-len", type=int, default=32)
+    ap.add_argument(
+        "--gen-temps", type=str, default="0,0.8,1.0", help="generation batches cycle through these (0 = greedy)"
+    )
+    ap.add_argument("--gen-batch", type=int, default=32)
+    ap.add_argument("--draft-eval-every", type=int, default=200)
     ap.add_argument("--n-prompts", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -672,7 +798,55 @@ def main(argv=None):
     print(f"target: {t_train['steps']} steps in {t_train['wall_s']:.0f}s, eval loss {t_eval:.4f}")
 
     # ---------------- draft ----------------
-    dcfg = make_config(tok, hidden=128, inter=352, layers=1, heads=4, kv_heads=2)
+    # The target is frozen, so its outputs are computed once: full log-probs
+    # (fp16) on strided corpus windows and on windows of its own generations.
+    # Each draft step then costs only the draft's forward/backward.
+    t_prep = time.time()
+    corpus_win = strided_windows(train_ids, args.seq_len, args.cache_stride)
+    gen_temps = [float(t) for t in args.gen_temps.split(",")] if args.gen_temps else [0.0]
+    if args.gen_windows > 0:
+        gen_win = target_generations(
+            target,
+            train_ids,
+            n_windows=args.gen_windows,
+            length=args.seq_len,
+            prompt_len=args.gen_prompt_len,
+            temps=gen_temps,
+            bs=args.gen_batch,
+            gen=gen,
+            eos_id=tok.eos_token_id,
+        )
+    else:
+        gen_win = torch.empty(0, args.seq_len, dtype=torch.long)
+    gen_s = time.time() - t_prep
+    pool = torch.cat([corpus_win, gen_win])
+    pool_lp = target_logprobs(target, pool)
+    ev_lp = target_logprobs(target, ev_win)
+    prep_s = time.time() - t_prep
+    prep = {
+        "corpus_windows": len(corpus_win),
+        "cache_stride": args.cache_stride,
+        "gen_windows": len(gen_win),
+        "gen_prompt_len": args.gen_prompt_len,
+        "gen_temps": gen_temps,
+        "cached_positions": pool.numel(),
+        "cache_bytes": pool_lp.numel() * pool_lp.element_size(),
+        "generate_s": round(gen_s, 1),
+        "total_s": round(prep_s, 1),
+    }
+    print(
+        f"cached target log-probs: {len(corpus_win)} corpus + {len(gen_win)} generated windows "
+        f"({pool.numel():,} positions, {prep['cache_bytes'] / 1e9:.2f} GB) in {prep_s:.0f}s (generation {gen_s:.0f}s)"
+    )
+
+    dcfg = make_config(
+        tok,
+        hidden=args.draft_hidden,
+        inter=args.draft_inter,
+        layers=args.draft_layers,
+        heads=args.draft_heads,
+        kv_heads=args.draft_kv_heads,
+    )
     torch.manual_seed(args.seed + 1)
     draft = LlamaForCausalLM(dcfg)
     if args.draft_pca_init:
@@ -680,9 +854,9 @@ def main(argv=None):
     print(f"draft params: {n_params(draft):,}")
 
     def draft_step():
-        x = random_windows(train_ids, args.draft_batch, args.seq_len, gen)
-        with torch.no_grad():
-            tlp = F.log_softmax(target(x).logits.float(), -1)
+        idx = torch.randint(0, len(pool), (args.draft_batch,), generator=gen)
+        x = pool[idx]
+        tlp = pool_lp[idx].float()
         dl = draft(x).logits.float()
         dlp = F.log_softmax(dl, -1)
         kl = F.kl_div(dlp, tlp, log_target=True, reduction="sum") / x.numel()
@@ -700,10 +874,12 @@ def main(argv=None):
         minutes=args.draft_minutes,
         max_steps=args.draft_max_steps,
         wd=0.05,
-        log_every=25,
-        eval_fn=lambda: eval_distill(draft, target, ev_win)[0],
-        eval_every=100,
+        log_every=50,
+        eval_fn=lambda: eval_distill_cached(draft, ev_win, ev_lp)[0],
+        eval_every=args.draft_eval_every,
     )
+    d_train["prep"] = prep
+    del pool_lp
     draft = draft.to(torch.float16).to(torch.float32)
     draft.eval()
     d_eval = eval_ce(draft, ev_win)
@@ -727,7 +903,12 @@ def main(argv=None):
         "A function definition defines",
         "Strings are immutable sequences of",
     ]
-    smp = samples(target, tok, sample_prompts, 60, args.seed)
+    if args.reuse_target:
+        # Same target: keep its samples from the saved report (sampling on CPU threads
+        # is not bit-reproducible, so regenerating could change them spuriously).
+        smp = prev["measurements"]["samples"]
+    else:
+        smp = samples(target, tok, sample_prompts, 60, args.seed)
     for s in smp:
         print(f"--- {s['prompt']!r}\n[greedy] {s['greedy']!r}\n[sampled] {s['sampled_t0.8_top50']!r}")
 
@@ -735,7 +916,14 @@ def main(argv=None):
     if not args.reuse_target:
         save_model(target, tok, tdir)
     else:
-        patch_saved_files(tdir)
+        # Draft-only mode never writes into the target's directory.
+        prev_agree = prev["measurements"]["greedy_agreement"]
+        if g_agree <= prev_agree and not args.force_save:
+            print(
+                f"greedy agreement {g_agree:.4f} does not beat the saved draft's {prev_agree:.4f}; "
+                f"leaving {ddir} and the report untouched (--force-save to override)"
+            )
+            return
     save_model(draft, tok, ddir, tok_from=tdir)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         a, b = (tdir / f).read_bytes(), (ddir / f).read_bytes()
@@ -794,6 +982,9 @@ def main(argv=None):
             "previous_run_total_wall_s": prev.get("total_wall_s"),
             "previous_run_draft_train": {k: v for k, v in prev["draft"]["train"].items() if k != "history"},
             "previous_run_greedy_agreement": prev["measurements"]["greedy_agreement"],
+            "previous_run_draft_config": prev["draft"]["config"],
+            "previous_run_draft_params": prev["draft"]["params"],
+            "previous_run_speculative": prev["measurements"]["speculative"],
         }
     (out_dir / "training_report.json").write_text(json.dumps(rep, indent=2, ensure_ascii=False) + "\n")
     write_readme(out_dir, rep)
