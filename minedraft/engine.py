@@ -187,11 +187,8 @@ class Engine:
             raise EngineDeadError("engine not started")
         return self.scheduler.submit(prompt, params, request_id)
 
-    async def stream(self, prompt, params: SamplingParams | dict | None = None,
-                     request_id: str | None = None) -> AsyncIterator[StreamDelta]:
-        """Yield deltas as tokens are accepted; the last one has finished=True. Breaking out (or cancelling
-        the consuming task) aborts the request and frees its cache."""
-        state, q = self._submit(prompt, params, request_id)
+    async def _follow(self, state, q) -> AsyncIterator[StreamDelta]:
+        """A request's deltas until it finishes; leaving early (break, cancel, error) aborts it."""
         try:
             while True:
                 item = await q.get()
@@ -204,19 +201,28 @@ class Engine:
             if not state.finished and self.scheduler:
                 self.scheduler.abort(state.request_id)
 
+    async def stream(self, prompt, params: SamplingParams | dict | None = None,
+                     request_id: str | None = None) -> AsyncIterator[StreamDelta]:
+        """Yield deltas as tokens are accepted; the last one has finished=True. Breaking out (or cancelling
+        the consuming task) aborts the request and frees its cache."""
+        state, q = self._submit(prompt, params, request_id)
+        follow = self._follow(state, q)
+        try:
+            async for delta in follow:
+                yield delta
+        finally:
+            await follow.aclose()
+
     async def generate(self, prompt, params: SamplingParams | dict | None = None,
                        request_id: str | None = None) -> GenerationResult:
         state, q = self._submit(prompt, params, request_id)
+        follow = self._follow(state, q)
         try:
-            while True:
-                item = await q.get()
-                if isinstance(item, Exception):
-                    raise item
-                if item.finished:
-                    return state.result()
+            async for _ in follow:
+                pass
         finally:
-            if not state.finished and self.scheduler:
-                self.scheduler.abort(state.request_id)
+            await follow.aclose()
+        return state.result()
 
     async def abort(self, request_id: str) -> bool:
         return bool(self.scheduler) and self.scheduler.abort(request_id)
