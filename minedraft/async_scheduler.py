@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -203,6 +204,8 @@ class AsyncScheduler:
                     return
         except (asyncio.CancelledError, zmq.ZMQError):
             return
+        except Exception as e:  # a handler bug must fail the requests, not strand them
+            self.fail(EngineDeadError(f"scheduler loop crashed: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
     async def _drafts_loop(self) -> None:
         """The drafter's broadcast: used here for the timeline and per-step draft time."""
@@ -219,6 +222,8 @@ class AsyncScheduler:
                         self.stats.trace.append(TraceEvent("drafter", "draft", m["batch"], m["t0"], m["t1"], m["step"]))
         except (asyncio.CancelledError, zmq.ZMQError):
             return
+        except Exception as e:  # a handler bug must fail the requests, not strand them
+            self.fail(EngineDeadError(f"scheduler loop crashed: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
     def _on_verdict(self, m: dict) -> None:
         st = self.stats
@@ -287,9 +292,11 @@ class AsyncScheduler:
 
     def send_stop(self) -> None:
         try:
-            self.cmd.send(pack({"t": "stop"}), zmq.NOBLOCK)
+            fut = self.cmd.send(pack({"t": "stop"}), zmq.NOBLOCK)
         except zmq.ZMQError:
-            pass
+            return
+        if asyncio.isfuture(fut):  # zmq.asyncio reports a failed send through the future
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     @property
     def num_pending(self) -> int:

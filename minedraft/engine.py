@@ -145,7 +145,7 @@ class Engine:
                 if not self.scheduler.dead:
                     p = dead[0]
                     self.scheduler.fail(EngineDeadError(f"worker {p.name} died (exit code {p.exitcode})"))
-                self._stop_workers(graceful=False)
+                await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, False)
                 self._cleanup_shm()
                 return
 

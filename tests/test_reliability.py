@@ -403,9 +403,6 @@ async def test_unencodable_params_are_rejected_at_submission_and_hurt_no_one(tin
         assert [ra.token_ids, rc.token_ids] == reference(["the class", "the for"], [32, 8])
 
 
-@pytest.mark.xfail(strict=True, reason="AsyncScheduler._status_loop catches only CancelledError/ZMQError: any other "
-                   "exception in a verdict handler (here the on_verdict hook) ends the loop silently, so every "
-                   "pending request hangs while health() still says ok. See the report for the patch.")
 async def test_scheduler_internal_error_fails_requests_instead_of_hanging(tiny_pair):
     async with Engine(_cfg(tiny_pair)) as engine:
         def broken_hook(m):
