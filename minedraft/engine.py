@@ -127,6 +127,8 @@ class Engine:
             res = m["results"]
             if not res:
                 return
+            if m.get("prefill"):  # a step that also scored prompts says nothing about the cost of k
+                return
             k = res[0][2]
             ctl.observe(k, m["draft_t1"] - m["draft_t0"], m["t1"] - m["t0"],
                         sum(r[3] for r in res), sum(1 for r in res if r[3] < r[2]))

@@ -303,10 +303,11 @@ class VerifierProcess(_Worker):
             self._fault("verify")
             t0 = time.monotonic()
             drafts, q = self.slots.read(m["desc"])
+            prefill = bool(m["adds"])  # new requests: this step also scored their prompts
             results = self.verifier.verify(m["rids"], drafts, q)
             t1 = time.monotonic()
             out = pack({"t": "verdict", "batch": m["batch"], "step": m["step"],
-                        "results": [r.to_msg() for r in results], "t0": t0, "t1": t1,
+                        "results": [r.to_msg() for r in results], "t0": t0, "t1": t1, "prefill": prefill,
                         "draft_t0": m["t0"], "draft_t1": m["t1"]})
             self.to_drafter.send(out)
             self.status.send(out)
