@@ -12,7 +12,7 @@ from __future__ import annotations
 
 class AdaptiveK:
     def __init__(self, k_max: int, overlap: bool, k_start: int | None = None, ema: float = 0.2,
-                 explore_every: int = 16):
+                 explore_every: int = 48):
         self.k_max, self.overlap, self.ema, self.explore_every = k_max, overlap, ema, explore_every
         self.k = k_start or max(1, k_max // 2)
         self.alpha = 0.7
