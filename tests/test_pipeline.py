@@ -244,3 +244,18 @@ def test_workers_die_with_their_parent(tiny_pair, tmp_path):
         assert not any(_alive(p) for p in pids)
     finally:
         proc.kill()
+
+
+async def test_bundled_pair_pipeline_equals_target_alone(bundled_pair):
+    """The same property on the models users get by default: 32 staggered requests through the pipeline."""
+    from types import SimpleNamespace
+    pair = SimpleNamespace(target=bundled_pair[0], draft=bundled_pair[1])
+    prompts = _prompts(32, seed=21)
+    max_tokens = [random.Random(100 + i).randint(8, 40) for i in range(32)]
+    ref = LocalEngine(_cfg(pair, mode="autoregressive"))
+    expected = [r.token_ids for r in ref.generate(prompts, [_greedy(m) for m in max_tokens])]
+    async with Engine(_cfg(pair, k=4)) as engine:
+        results = await _staggered(engine, prompts, [_greedy(m) for m in max_tokens])
+        stats = engine.stats()
+    assert [r.token_ids for r in results] == expected
+    assert stats["accepted_tokens"] / stats["draft_tokens"] > 0.2  # the bundled draft really speculates
