@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from pathlib import Path
 
+from minedraft.diagnostics import process_alive as alive, shm_exists
+
 WORDS = ("the for statement while class def return import lambda yield with try except raise global "
          "nonlocal object method function module string list dict value print if else elif break").split()
 STOPS = [".", "\n", "(", " the", ":"]
@@ -242,27 +244,6 @@ def proc_kb(pid: int | str, field_name: str) -> int:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         pass
     return 0
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def shm_exists(name: str) -> bool:
-    try:
-        s = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:
-        return False
-    s.close()
-    return True
 
 
 class RSSWatch:

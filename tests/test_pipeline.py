@@ -18,6 +18,7 @@ from minedraft.engine import Engine
 from minedraft.errors import EngineDeadError
 from minedraft.local_engine import LocalEngine
 from minedraft.sampling_params import SamplingParams
+from minedraft.diagnostics import process_alive as _alive
 
 WORDS = ("the for statement while class def return import lambda yield with try except raise global "
          "nonlocal object method function module").split()
@@ -47,19 +48,6 @@ def reference(tiny_pair):
     def run(prompts, max_tokens):
         return [r.token_ids for r in ref.generate(prompts, [_greedy(m) for m in max_tokens])]
     return run
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0); it is dead for our purpose
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def _drained(engine, timeout=3.0) -> dict:

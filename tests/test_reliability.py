@@ -28,6 +28,7 @@ from minedraft.engine import Engine
 from minedraft.errors import EngineDeadError, InvalidRequestError, OverloadedError
 from minedraft.local_engine import LocalEngine
 from minedraft.sampling_params import SamplingParams
+from minedraft.diagnostics import process_alive as _alive, shm_exists as _shm_exists
 
 WORDS = ("the for statement while class def return import lambda yield with try except raise global "
          "nonlocal object method function module").split()
@@ -51,27 +52,6 @@ def _prompt(rng: random.Random, lo: int = 1, hi: int = 16, tok=None, max_tokens:
     while tok is not None and len(words) > 1 and len(tok.encode(" ".join(words))) > max_tokens:
         words.pop()
     return " ".join(words)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie still answers kill(0); it is dead for our purpose
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _shm_exists(name: str) -> bool:
-    try:
-        seg = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:
-        return False
-    seg.close()
-    return True
 
 
 async def _until(pred, timeout: float, step: float = 0.02) -> bool:
