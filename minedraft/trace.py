@@ -45,7 +45,10 @@ def write_chrome_trace(events: list[TraceEvent], path: str) -> None:
 
 
 def plot_timeline(events: list[TraceEvent], path: str, title: str = "", max_s: float | None = None) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'minedraft[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
