@@ -104,7 +104,8 @@ class AsyncScheduler:
                     ready.add(m["who"])
 
     def start(self) -> None:
-        self._tasks = [asyncio.ensure_future(self._status_loop()), asyncio.ensure_future(self._drafts_loop())]
+        self._tasks = [asyncio.ensure_future(self._pump(self.status, self._on_status)),
+                       asyncio.ensure_future(self._pump(self.drafts, self._on_drafts))]
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, prompt, params, request_id: str | None) -> tuple[RequestState, asyncio.Queue]:
@@ -183,47 +184,43 @@ class AsyncScheduler:
                 del self.queues[rid]
 
     # -- worker messages ---------------------------------------------------------------------------
-    async def _status_loop(self) -> None:
+    async def _pump(self, sock, handle) -> None:
+        """Feed every message of sock to handle until it returns True, the socket closes, or it raises."""
         try:
             n = 0
             while True:
-                m = unpack(await self.status.recv())
+                m = unpack(await sock.recv())
                 n += 1
                 if n % 8 == 0:  # a ready socket's recv does not yield: let streams and the watchdog run
                     await asyncio.sleep(0)
-                if m["t"] == "verdict":
-                    self._on_verdict(m)
-                elif m["t"] == "probe":
-                    parts = self._probe_parts.setdefault(m["id"], {})
-                    parts[m["who"]] = m
-                    fut = self._probes.get(m["id"])
-                    if len(parts) == 2 and fut is not None and not fut.done():
-                        fut.set_result(self._probe_parts.pop(m["id"]))
-                elif m["t"] == "error":
-                    self.fail(EngineDeadError(f"{m['who']} failed:\n{m['msg']}"))
+                if handle(m):
                     return
         except (asyncio.CancelledError, zmq.ZMQError):
             return
         except Exception as e:  # a handler bug must fail the requests, not strand them
             self.fail(EngineDeadError(f"scheduler loop crashed: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
-    async def _drafts_loop(self) -> None:
+    def _on_status(self, m: dict) -> bool:
+        if m["t"] == "verdict":
+            self._on_verdict(m)
+        elif m["t"] == "probe":
+            parts = self._probe_parts.setdefault(m["id"], {})
+            parts[m["who"]] = m
+            fut = self._probes.get(m["id"])
+            if len(parts) == 2 and fut is not None and not fut.done():
+                fut.set_result(self._probe_parts.pop(m["id"]))
+        elif m["t"] == "error":
+            self.fail(EngineDeadError(f"{m['who']} failed:\n{m['msg']}"))
+            return True
+        return False
+
+    def _on_drafts(self, m: dict) -> bool:
         """The drafter's broadcast: used here for the timeline and per-step draft time."""
-        try:
-            n = 0
-            while True:
-                m = unpack(await self.drafts.recv())
-                n += 1
-                if n % 8 == 0:
-                    await asyncio.sleep(0)
-                if m["t"] == "drafts" and m["rids"]:
-                    self.stats.draft_time_s += m["t1"] - m["t0"]
-                    if self.trace:
-                        self.stats.trace.append(TraceEvent("drafter", "draft", m["batch"], m["t0"], m["t1"], m["step"]))
-        except (asyncio.CancelledError, zmq.ZMQError):
-            return
-        except Exception as e:  # a handler bug must fail the requests, not strand them
-            self.fail(EngineDeadError(f"scheduler loop crashed: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        if m["t"] == "drafts" and m["rids"]:
+            self.stats.draft_time_s += m["t1"] - m["t0"]
+            if self.trace:
+                self.stats.trace.append(TraceEvent("drafter", "draft", m["batch"], m["t0"], m["t1"], m["step"]))
+        return False
 
     def _on_verdict(self, m: dict) -> None:
         st = self.stats

@@ -69,7 +69,7 @@ class RequestState:
         st.accepted_tokens += r.num_accepted
         before = len(self.detok.ids)
         text = self.detok.push(r.new_tokens, final=r.finish_reason is not None)
-        new_ids = self.detok.ids[before:] if before <= len(self.detok.ids) else []
+        new_ids = self.detok.ids[before:]
         st.output_tokens = len(self.detok.ids)
         reason = "stop" if self.detok.stopped else r.finish_reason
         if reason:

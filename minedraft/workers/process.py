@@ -84,6 +84,15 @@ class _Worker:
                 raise RuntimeError(f"injected fault in {self.name} at {point}")
 
 
+def _drain(sock):
+    """Every message already waiting on sock, without blocking."""
+    while True:
+        try:
+            yield unpack(sock.recv(zmq.NOBLOCK))
+        except zmq.Again:
+            return
+
+
 def _load(spec: dict, path: str):
     from .model_runner import ModelRunner
     return ModelRunner.from_pretrained(path, spec["kv_cache_tokens"], spec["block_size"], spec["device"],
@@ -92,7 +101,6 @@ def _load(spec: dict, path: str):
 
 class DrafterProcess(_Worker):
     def setup(self):
-        import time as _t
         from .drafter import Drafter
         from .requests import NewRequest
         self.NewRequest = NewRequest
@@ -116,10 +124,10 @@ class DrafterProcess(_Worker):
             handles = None
         # wait for both subscribers (verifier, scheduler) so no broadcast is ever dropped
         subs = 0
-        deadline = _t.monotonic() + 60
+        deadline = time.monotonic() + 60
         while subs < 2:
             if not self.pub.poll(POLL_MS):
-                if not self.parent_alive() or _t.monotonic() > deadline:
+                if not self.parent_alive() or time.monotonic() > deadline:
                     raise RuntimeError("subscribers never connected")
                 continue
             if self.pub.recv()[:1] == b"\x01":
@@ -160,41 +168,31 @@ class DrafterProcess(_Worker):
             events = dict(poller.poll(0 if draftable(turn) else POLL_MS))
             if not self.parent_alive():
                 return
-            if self.cmd in events:
-                while True:
-                    try:
-                        m = unpack(self.cmd.recv(zmq.NOBLOCK))
-                    except zmq.Again:
-                        break
-                    if m["t"] == "add":
-                        adds.append((self.NewRequest.from_msg(m["req"]), m["batch"]))
-                    elif m["t"] == "abort":
-                        aborts.update(m["rids"])
-                    elif m["t"] == "set_k":
-                        k = max(0, min(self.k_max, int(m["k"]))) if self.k_max else 0
-                    elif m["t"] == "probe":
-                        self.report({"t": "probe", "who": "drafter", "id": m["id"], **self._usage(batches, adds)})
-                        self.pub.send(pack({"t": "probe", "id": m["id"]}))
-                    elif m["t"] == "stop":
-                        self.pub.send(pack({"t": "stop"}))
-                        return
-            if self.verdicts in events:
-                while True:
-                    try:
-                        m = unpack(self.verdicts.recv(zmq.NOBLOCK))
-                    except zmq.Again:
-                        break
-                    b = m["batch"]
-                    outstanding[b] = False
-                    for r in m["results"]:
-                        rid, new, _, n_acc, reason = r
-                        if reason:
-                            batches[b].remove(rid)
-                            batch_of.pop(rid, None)
-                            if self.drafter:
-                                self.drafter.remove(rid)
-                        elif self.drafter:
-                            self.drafter.apply(rid, n_acc, new)
+            for m in (_drain(self.cmd) if self.cmd in events else ()):
+                if m["t"] == "add":
+                    adds.append((self.NewRequest.from_msg(m["req"]), m["batch"]))
+                elif m["t"] == "abort":
+                    aborts.update(m["rids"])
+                elif m["t"] == "set_k":
+                    k = max(0, min(self.k_max, int(m["k"]))) if self.k_max else 0
+                elif m["t"] == "probe":
+                    self.report({"t": "probe", "who": "drafter", "id": m["id"], **self._usage(batches, adds)})
+                    self.pub.send(pack({"t": "probe", "id": m["id"]}))
+                elif m["t"] == "stop":
+                    self.pub.send(pack({"t": "stop"}))
+                    return
+            for m in (_drain(self.verdicts) if self.verdicts in events else ()):
+                b = m["batch"]
+                outstanding[b] = False
+                for r in m["results"]:
+                    rid, new, _, n_acc, reason = r
+                    if reason:
+                        batches[b].remove(rid)
+                        batch_of.pop(rid, None)
+                        if self.drafter:
+                            self.drafter.remove(rid)
+                    elif self.drafter:
+                        self.drafter.apply(rid, n_acc, new)
             # aborts: applied to batches that are not in flight
             for rid in list(aborts):
                 b = batch_of.get(rid)
@@ -255,8 +253,8 @@ class DrafterProcess(_Worker):
 class VerifierProcess(_Worker):
     def setup(self):
         from .requests import NewRequest
-        from .verifier import Verifier, StepResult
-        self.NewRequest, self.StepResult = NewRequest, StepResult
+        from .verifier import Verifier
+        self.NewRequest = NewRequest
         spec, a = self.spec, self.spec["addr"]
         self.runner = _load(spec, spec["target"])
         self.verifier = Verifier(self.runner, spec["k"], spec["eos"])
