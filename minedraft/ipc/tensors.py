@@ -12,6 +12,7 @@ through torch's CUDA IPC handles; the drafter synchronizes before it broadcasts.
 
 from __future__ import annotations
 
+import math
 import pickle
 from multiprocessing import shared_memory
 
@@ -74,10 +75,7 @@ class DraftSlots:
 
     # -- use ---------------------------------------------------------------------------------------
     def _view(self, slot: int, offset: int, dtype, shape) -> torch.Tensor:
-        n = 1
-        for d in shape:
-            n *= d
-        size = n * torch.empty(0, dtype=dtype).element_size()
+        size = math.prod(shape) * dtype.itemsize
         return self.buffers[slot][offset:offset + size].view(dtype).view(*shape)
 
     def write(self, slot: int, drafts: list[list[int]], q: torch.Tensor | None) -> dict:
