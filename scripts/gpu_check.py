@@ -48,65 +48,100 @@ def _ipc_child(handles, desc, conn):
     conn.send({"drafts": d, "q_sum": float(q.sum())})
 
 
-def build_models(root: str, agree: float) -> tuple[str, str]:
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+SHAPES = {  # name -> (LlamaConfig fields, vocab)
+    "real": ({"target": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,   # TinyLlama-1.1B
+                             num_attention_heads=32, num_key_value_heads=4),
+              "draft": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=8,      # ~100M class
+                            num_attention_heads=12, num_key_value_heads=4)}, 32000),
+    "tiny": ({"target": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,      # CPU smoke test
+                             num_attention_heads=4, num_key_value_heads=2),
+              "draft": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                            num_attention_heads=2, num_key_value_heads=1)}, 1024),
+}
 
-    vocab = 32000
-    # a byte-level tokenizer with a word-level vocab is enough to turn prompts into ids
-    tk = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="w1", unk_token="w0")
+
+def word_tokenizer(vocab: int):
+    """A word-level tokenizer over the corpus's most frequent words, so the benchmark prompts map to many
+    different ids (and so to many different forced chains) rather than all to unk."""
+    from collections import Counter
+    from pydoc_data.topics import topics
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Counter(w for page in topics.values() for w in page.split())
+    vocab_map = {"<unk>": 0, "<eos>": 1}
+    for w, _ in words.most_common(vocab - 2):
+        vocab_map.setdefault(w, len(vocab_map))
+    while len(vocab_map) < vocab:
+        vocab_map[f"<pad{len(vocab_map)}>"] = len(vocab_map)
+    tk = Tokenizer(models.WordLevel(vocab_map, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", unk_token="<unk>")
+
+
+def build_models(root: str, agree: float, device: str = "cuda", size: str = "real",
+                 dtype=torch.bfloat16) -> tuple[str, str]:
+    """Save a target and a draft whose greedy next token is perm(current token) (the draft's perm differs from
+    the target's on a (1 - agree) share of tokens): the draft's acceptance is set by construction."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shapes, vocab = SHAPES[size]
+    tok = word_tokenizer(vocab)
     g = torch.Generator().manual_seed(0)
     perm = torch.randperm(vocab, generator=g)
-    shapes = {"target": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-                             num_key_value_heads=4),            # TinyLlama-1.1B shape
-              "draft": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=12,
-                            num_key_value_heads=4)}             # ~100M class
     paths = {}
     for name, shape in shapes.items():
-        cfg = LlamaConfig(vocab_size=vocab, max_position_embeddings=2048, eos_token_id=1, tie_word_embeddings=False,
-                          **shape)
-        with torch.device("cuda"):
-            m = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        cfg = LlamaConfig(vocab_size=vocab, max_position_embeddings=2048, eos_token_id=1, bos_token_id=1,
+                          pad_token_id=1, tie_word_embeddings=False, **shape)
+        with torch.device(device):
+            m = LlamaForCausalLM(cfg).to(dtype)
         p = perm.clone()
-        if name == "draft":  # disagree on a (1 - agree) share of tokens
-            flip = torch.rand(vocab, generator=g) > agree
-            p[flip] = torch.randint(0, vocab, (int(flip.sum()),), generator=g)
+        if name == "draft":  # disagree on a (1 - agree) share of tokens: rotate their images among themselves,
+            flip = (torch.rand(vocab, generator=g) >= agree).nonzero().flatten()  # so p stays a permutation
+            p[flip] = p[flip.roll(1)]
         with torch.no_grad():
-            for layer in m.model.layers:
+            for layer in m.model.layers:  # zero residual branches: every matmul still runs, output = embedding
                 layer.self_attn.o_proj.weight.zero_()
                 layer.mlp.down_proj.weight.zero_()
-            e = m.model.embed_tokens.weight
-            e.copy_(torch.randn(e.shape, generator=g).to(e) )
-            head = torch.empty_like(m.lm_head.weight)
-            head[p.to(head.device)] = e.clone()   # logits[perm(x)] = |e_x|^2: the argmax
+            e = torch.randn(m.model.embed_tokens.weight.shape, generator=g)
+            m.model.embed_tokens.weight.copy_(e)
+            head = torch.empty_like(e)
+            head[p] = e                     # logits[perm(x)] = e_x . norm(e_x): by far the largest
             m.lm_head.weight.copy_(head)
         paths[name] = os.path.join(root, name)
         m.save_pretrained(paths[name])
         tok.save_pretrained(paths[name])
         del m
-        torch.cuda.empty_cache()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
     return paths["target"], paths["draft"]
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--agree", type=float, default=0.8, help="forced per-token draft agreement")
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--k", type=int, nargs="+", default=[4])
     ap.add_argument("--repeats", type=int, default=2)
-    a = ap.parse_args()
-    print(f"torch {torch.__version__}, {torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}")
-    print(ipc_check(), flush=True)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="tiny models on the CPU, no IPC check: proves the script itself before a GPU is lent")
+    a = ap.parse_args(argv)
+    if a.cpu_smoke:
+        device, size = "cpu", "tiny"
+        print(f"torch {torch.__version__}, CPU smoke run (tiny models, no CUDA IPC check)")
+    else:
+        device, size = "cuda", "real"
+        print(f"torch {torch.__version__}, {torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}")
+        print(ipc_check(), flush=True)
     root = tempfile.mkdtemp()
     t = time.time()
-    target, draft = build_models(root, a.agree)
+    target, draft = build_models(root, a.agree, device, size)
     print(f"built models in {time.time() - t:.0f} s; agreement forced by construction at {a.agree:.0%} per token "
           f"(zeroed residual branches, permutation heads)", flush=True)
     from minedraft.bench import main as bench
     args = ["--target", target, "--draft", draft, "--dtype", "bfloat16", "--repeats", str(a.repeats),
-            "--max-tokens", "64", "--batch", *map(str, a.batch), "--k", *map(str, a.k), "--plot",
+            "--max-tokens", str(a.max_tokens), "--batch", *map(str, a.batch), "--k", *map(str, a.k), "--plot",
             os.path.join(os.environ.get("OUT", "."), "gpu_timeline.png"), "--plot-seconds", "0.5"]
     return bench(args)
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One short run (< 5 min) on a lent GPU machine: CUDA IPC transport + the benchmark table on ~1B/100M models.
-# That machine has torch/transformers/msgpack/uvloop but not pyzmq: put a pyzmq wheel in wheels/ first
-#   (pip download pyzmq --only-binary :all: --python-version 3.X -d wheels) and carry it.
+# That machine has torch/transformers/msgpack/uvloop/tqdm but not pyzmq: fetch its wheel here first with
+#   bash scripts/fetch_gpu_wheels.sh      (writes .whl/, git-ignored; name .whl in the device call's carry)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -c "import zmq" 2>/dev/null || pip install --no-index --find-links wheels pyzmq
-python -c "import tqdm" 2>/dev/null || pip install --no-index --find-links wheels tqdm || true
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1
-timeout 280 python scripts/gpu_check.py "$@" 2>&1 | tee "${OUT:-.}/gpu_check.log"
+if ! python3 -c "import zmq" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD:$PYTHONPATH" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+timeout 280 python3 scripts/gpu_check.py "$@" 2>&1 | tee "${OUT:-.}/gpu_check.log"

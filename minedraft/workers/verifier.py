@@ -57,6 +57,8 @@ class Verifier:
     def verify(self, rids: list[int], drafts: list[list[int]], q: torch.Tensor | None) -> list[StepResult]:
         """One target forward over every request's unverified tail plus its k drafts; finished ones are freed."""
         k = len(drafts[0]) if drafts else 0
+        if q is not None:
+            q = q.to(self.runner.device)  # the drafter's device may be another GPU; no copy when it is the same
         seqs = [self.seqs[r] for r in rids]
         cache = self.runner.cache
         feed = [s.tokens[cache.length(r):] + d for r, s, d in zip(rids, seqs, drafts)]
