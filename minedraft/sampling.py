@@ -42,23 +42,25 @@ def sample_draft(logits: torch.Tensor, params: SamplingParams, gen: torch.Genera
 
 
 def accept(draft_tokens: list[int], q: torch.Tensor | None, target_logits: torch.Tensor,
-           params: SamplingParams, gen: torch.Generator | None) -> tuple[int, int]:
+           params: SamplingParams, gen: torch.Generator | None,
+           target_argmax: list[int] | None = None) -> tuple[int, int]:
     """Verify k drafts of one request.
 
-    draft_tokens: k ints; q: [k, V] draft probabilities (None if greedy); target_logits: [k+1, V].
+    draft_tokens: k ints; q: [k, V] draft probabilities (None if greedy); target_logits: [k+1, V];
+    target_argmax: its argmax per position when the caller already has it (one device sync for a whole batch).
     Returns (number of accepted drafts n, the token that follows them).
     """
     k = len(draft_tokens)
     if params.greedy:
-        target = target_logits.argmax(dim=-1).tolist()
+        target = target_argmax if target_argmax is not None else target_logits.argmax(dim=-1).tolist()
         n = 0
         while n < k and draft_tokens[n] == target[n]:
             n += 1
         return n, target[n]
     p = process_logits(target_logits, params)
     if k:
-        idx = torch.arange(k)
-        d = torch.tensor(draft_tokens)
+        idx = torch.arange(k, device=p.device)
+        d = torch.tensor(draft_tokens, device=p.device)
         ratio = p[idx, d] / q[idx, d]
         u = torch.rand(k, generator=gen, device=p.device)
         rejected = (u >= ratio).nonzero()

@@ -41,15 +41,19 @@ class Drafter:
         cache = self.runner.cache
         drafts: list[list[int]] = [[] for _ in rids]
         sampled = any(not s.params.greedy for s in seqs)
-        q = torch.zeros(len(rids), k, self.runner.vocab_size) if sampled and k else None
+        q = torch.zeros(len(rids), k, self.runner.vocab_size, device=self.runner.device) if sampled and k else None
         feed = [s.tokens[cache.length(r):] for r, s in zip(rids, seqs)]
+        greedy = [s.params.greedy for s in seqs]
         for i in range(k):
             logits = self.runner.forward(rids, feed, 1)[:, 0]
+            top = logits.argmax(-1).tolist() if any(greedy) else None  # one device sync for all greedy rows
             for b, s in enumerate(seqs):
+                if greedy[b]:
+                    drafts[b].append(top[b])
+                    continue
                 tok, probs = sample_draft(logits[b], s.params, s.gen)
                 drafts[b].append(tok)
-                if probs is not None:
-                    q[b, i] = probs
+                q[b, i] = probs
             feed = [[d[-1]] for d in drafts]
         for s in seqs:
             s.drafted_from = len(s.tokens)

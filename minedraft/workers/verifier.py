@@ -63,9 +63,11 @@ class Verifier:
         cache = self.runner.cache
         feed = [s.tokens[cache.length(r):] + d for r, s, d in zip(rids, seqs, drafts)]
         logits = self.runner.forward(rids, feed, k + 1)
+        top = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None
         results = []
         for b, (rid, s) in enumerate(zip(rids, seqs)):
-            n, tok = accept(drafts[b], q[b] if q is not None else None, logits[b], s.params, s.gen)
+            n, tok = accept(drafts[b], q[b] if q is not None else None, logits[b], s.params, s.gen,
+                            top[b] if top else None)
             new, reason = self._cut(s, drafts[b][:n] + [tok])
             s.tokens.extend(new)
             results.append(StepResult(rid, new, k, n, reason))
