@@ -95,7 +95,7 @@ class AsyncScheduler:
                 if p.exitcode is not None:
                     raise EngineDeadError(f"worker {p.name} exited during start-up (code {p.exitcode})")
             if time.monotonic() > deadline:
-                raise EngineDeadError(f"workers not ready after {timeout:.0f} s")
+                raise EngineDeadError(f"workers not ready after {timeout:g} s")
             if await self.status.poll(100):
                 m = unpack(await self.status.recv())
                 if m["t"] == "error":

@@ -27,7 +27,7 @@ class EngineConfig:
     max_queue: int = 1024            # waiting requests; past it, generate() raises OverloadedError
     draft_device: str = "auto"       # "auto" | "cpu" | "cuda:N"
     target_device: str = "auto"
-    dtype: str = "float32"
+    dtype: str = "float32"           # greedy identity with target-alone is exact in float32 only (see README)
     worker_start_timeout_s: float = 120.0
 
     def __post_init__(self):

@@ -24,6 +24,8 @@ def test_bench_tiny_run(tiny_pair, tmp_path, capsys):
         assert 1 <= m["mean_len"] <= k + 1 + 1e-9
         assert m["td_ms"] >= 0 and m["tv_ms"] > 0
         assert 0 < m["overlap"] <= 1.05  # max(Td, Tv) can never exceed the measured step time (plus noise)
+        if not name.startswith("autoregressive"):
+            assert m["same"] == 1.0  # greedy float32: every request is the target-alone output
     seq = [m for n, m in rows if n.startswith("sequential")]
     assert all(0 < m["accept"] < 1 for m in seq)  # the tiny pair agrees partially
     # the trace has both lanes with draft and verify work of both batches, and the plot was drawn
