@@ -48,8 +48,8 @@ class _Plan:
     input_ids: torch.Tensor     # [B, T]
     positions: torch.Tensor     # [B, T]
     write_slots: torch.Tensor   # [N] flat cache index of each real (non-pad) input token
-    valid: torch.Tensor         # [B, T] bool, real tokens
-    read_slots: torch.Tensor    # [B, S] flat cache index of each key position (0 past the end)
+    real_rows: torch.Tensor | None  # [N] index into the flattened [B*T] tokens of the real ones; None = all
+    read_slots: torch.Tensor    # [B*S] flat cache index of each key position (0 past the end), row-major
     mask: torch.Tensor          # [B, 1, T, S] bool, True = may attend
     last_index: torch.Tensor    # [B, n] index into T of the last n real tokens per row
 
@@ -101,8 +101,9 @@ class ModelRunner:
         mask[:, :, 0] |= ~valid  # pad rows attend to something, so softmax stays finite
         writes = read.gather(1, positions.clamp(max=S - 1))[valid]
         last = lens_t[:, None] - num_logits + torch.arange(num_logits)[None, :]
-        return _Plan(ids.to(dev), positions.to(dev), writes.to(dev), valid.to(dev),
-                     read.to(dev), mask[:, None].to(dev), last.to(dev))
+        real = None if bool(valid.all()) else valid.reshape(-1).nonzero().squeeze(1).to(dev)
+        return _Plan(ids.to(dev), positions.to(dev), writes.to(dev), real,
+                     read.reshape(-1).to(dev), mask[:, None].to(dev), last.to(dev))
 
     # -- forward -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -135,7 +136,11 @@ class ModelRunner:
         B, T = p.input_ids.shape
         h = self.embed(p.input_ids)
         cos, sin = self.rotary(h, p.positions)
-        flat_valid = p.valid.reshape(-1)
+        S = p.mask.shape[-1]
+
+        def real(x):  # [B, T, Hkv, D] -> [N, Hkv, D], pad tokens dropped
+            x = x.reshape(B * T, -1, self.head_dim)
+            return x if p.real_rows is None else x.index_select(0, p.real_rows)
         for li, layer in enumerate(self.layers):
             x = layer.input_layernorm(h)
             attn = layer.self_attn
@@ -146,10 +151,11 @@ class ModelRunner:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             kc, vc = self.cache.k[li], self.cache.v[li]
-            kc[p.write_slots] = k.transpose(1, 2).reshape(B * T, -1, self.head_dim)[flat_valid]
-            vc[p.write_slots] = v.reshape(B * T, -1, self.head_dim)[flat_valid]
-            keys = kc[p.read_slots].transpose(1, 2)      # [B, Hkv, S, D]
-            vals = vc[p.read_slots].transpose(1, 2)
+            kc.index_copy_(0, p.write_slots, real(k.transpose(1, 2)))
+            vc.index_copy_(0, p.write_slots, real(v))
+            # index_select on dim 0 copies whole rows: several times faster on CPU than advanced indexing
+            keys = kc.index_select(0, p.read_slots).view(B, S, -1, self.head_dim).transpose(1, 2)  # [B,Hkv,S,D]
+            vals = vc.index_select(0, p.read_slots).view(B, S, -1, self.head_dim).transpose(1, 2)
             o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=p.mask, scale=attn.scaling,
                                                enable_gqa=self.num_kv_heads != self.num_heads)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
