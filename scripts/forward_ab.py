@@ -14,7 +14,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -22,6 +21,7 @@ from tqdm import tqdm
 
 from minedraft.config import DEFAULT_TARGET
 from minedraft.workers import model_runner as current
+from verify_cost import prime, timed_verify  # scripts/ is on sys.path when this runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = [(8, 80, 1), (8, 80, 4), (16, 80, 4), (8, 300, 4)]  # rows, cached context, tokens scored per row
@@ -54,17 +54,11 @@ def main(argv=None) -> int:
         runners = {name: m.ModelRunner.from_pretrained(a.target, 16384, 16, "cpu", a.dtype) for name, m in mods.items()}
         rows = list(range(B))
         for r in runners.values():
-            for i in rows:
-                r.cache.allocate(i, ctx + n)
-            r.forward(rows, [[5 + i % 7] * ctx for i in rows], 1)
+            prime(r, rows, ctx, n)
         times = {name: [] for name in runners}
         for it in range(a.calls + 5):
             for name, r in runners.items():
-                t = time.perf_counter()
-                r.forward(rows, [[7] * n for _ in rows], n)
-                dt = time.perf_counter() - t
-                for i in rows:
-                    r.cache.truncate(i, ctx)
+                dt = timed_verify(r, rows, n, ctx)
                 if it >= 5:
                     times[name].append(dt)
         old, new = (statistics.median(times[name]) * 1e3 for name in mods)

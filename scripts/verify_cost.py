@@ -8,15 +8,17 @@ From those times it prints ceilings that no draft can beat on this machine:
 * target-alone at batch B makes B tokens per T(B, 1);
 * the pipeline with two batches of B/2 is verifier-bound when drafting hides behind verifying, so with a draft
   that is *always right* it makes (B/2)(k+1) tokens per T(B/2, k+1): the best any draft could do;
-* with the bundled draft's measured tokens per step E(k) (minedraft/models/README.md) it makes (B/2)E(k)
-  per T(B/2, k+1).
+* with the bundled draft's measured tokens per step E(k) (minedraft/models/training_report.json) it makes
+  (B/2)E(k) per T(B/2, k+1).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -24,7 +26,27 @@ from tqdm import tqdm
 from minedraft.config import DEFAULT_TARGET
 from minedraft.workers.model_runner import ModelRunner
 
-BUNDLED_E = {1: 1.644, 2: 2.075, 3: 2.370, 4: 2.531, 5: 2.663, 6: 2.760}  # greedy tokens/step, models README
+def bundled_tokens_per_step() -> dict[int, float]:
+    """E(k) of the bundled pair as measured when it was trained (minedraft/models/training_report.json)."""
+    report = json.loads((Path(DEFAULT_TARGET).parent / "training_report.json").read_text())
+    return {m["k"]: m["tokens_per_step"] for m in report["measurements"]["speculative"]}
+
+
+def prime(runner: ModelRunner, rows: list[int], context: int, room: int) -> None:
+    """Give each row a cached context of `context` tokens, with room for `room` more."""
+    for r in rows:
+        runner.cache.allocate(r, context + room)
+    runner.forward(rows, [[5 + r % 7] * context for r in rows], 1)
+
+
+def timed_verify(runner: ModelRunner, rows: list[int], n: int, context: int) -> float:
+    """Seconds for one forward scoring n tokens per row, then rolled back so every call sees the same context."""
+    t = time.perf_counter()
+    runner.forward(rows, [[7] * n for _ in rows], n)
+    dt = time.perf_counter() - t
+    for r in rows:
+        runner.cache.truncate(r, context)
+    return dt
 
 
 def verify_times(path: str, dtype: str, batches: list[int], max_n: int, context: int, repeats: int, bar):
@@ -32,19 +54,9 @@ def verify_times(path: str, dtype: str, batches: list[int], max_n: int, context:
     out = {}
     for B in batches:
         rows = list(range(B))
-        for r in rows:
-            runner.cache.allocate(r, context + max_n + 1)
-        runner.forward(rows, [[5 + r % 7] * context for r in rows], 1)  # the context every call attends to
+        prime(runner, rows, context, max_n)
         for n in range(1, max_n + 1):
-            times = []
-            for i in range(repeats + 2):
-                t = time.perf_counter()
-                runner.forward(rows, [[7] * n for _ in rows], n)
-                dt = time.perf_counter() - t
-                for r in rows:
-                    runner.cache.truncate(r, context)  # roll back: every call sees the same context
-                if i >= 2:  # two warm-up calls
-                    times.append(dt)
+            times = [timed_verify(runner, rows, n, context) for _ in range(repeats + 2)][2:]  # 2 warm-ups
             out[B, n] = statistics.median(times) * 1e3
             bar.update(1)
         for r in rows:
@@ -66,6 +78,7 @@ def main(argv=None) -> int:
     bar = tqdm(total=len(a.dtypes) * 2 * (a.max_k + 1), desc="verify calls", unit="setting")
     res = {dt: verify_times(a.target, dt, [H, B], a.max_k + 1, a.context, a.repeats, bar) for dt in a.dtypes}
     bar.close()
+    E = bundled_tokens_per_step()
     for dt, T in res.items():
         print(f"\n{dt}: verify call time in ms (median of {a.repeats}), by tokens scored per row")
         print(f"{'rows':>5s}" + "".join(f"{n:>8d}" for n in range(1, a.max_k + 2)))
@@ -77,7 +90,7 @@ def main(argv=None) -> int:
               f"{H}, x target-alone)")
         for k in range(1, a.max_k + 1):
             perfect = H * (k + 1) / T[H, k + 1] / ar
-            bundled = H * BUNDLED_E[k] / T[H, k + 1] / ar if k in BUNDLED_E else float("nan")
+            bundled = H * E[k] / T[H, k + 1] / ar if k in E else float("nan")
             print(f"{k:3d} {perfect:14.2f}x {bundled:14.2f}x")
     return 0
 
