@@ -46,9 +46,12 @@ def _load_tokenizer_and_meta(cfg: EngineConfig):
     from .local_engine import eos_ids
     tok = AutoTokenizer.from_pretrained(cfg.target, local_files_only=True)
     tcfg = AutoConfig.from_pretrained(cfg.target, local_files_only=True)
+    from .workers.model_runner import load_vocab_map
     dcfg = AutoConfig.from_pretrained(cfg.draft, local_files_only=True)
-    if tcfg.vocab_size != dcfg.vocab_size:
-        raise ValueError(f"draft vocab {dcfg.vocab_size} != target vocab {tcfg.vocab_size}: "
+    vmap = load_vocab_map(cfg.draft)  # a reduced-vocabulary draft names the vocabulary it maps into
+    dvocab = vmap[1] if vmap else dcfg.vocab_size
+    if tcfg.vocab_size != dvocab:
+        raise ValueError(f"draft vocab {dvocab} != target vocab {tcfg.vocab_size}: "
                          "the pair must share a tokenizer")
     return tok, tcfg.vocab_size, eos_ids(tcfg, tok)
 
