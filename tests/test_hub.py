@@ -114,8 +114,7 @@ def test_models_list_and_unknown_names(fake_registry, tmp_path, capsys):
         hub.resolve("fake", tmp_path)
     with pytest.raises(hub.PullError, match="unknown model"):
         hub.resolve("nope", tmp_path)
-    t, d = hub.resolve("tiny")
-    assert Path(t, "config.json").exists() and Path(d, "config.json").exists()
+    assert hub.resolve("tiny") == (str(hub.PACKAGE_MODELS / "tiny-target"), str(hub.PACKAGE_MODELS / "tiny-draft"))
 
 
 def test_model_flag_names_the_problem(capsys, tmp_path, monkeypatch):
