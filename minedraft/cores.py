@@ -7,7 +7,9 @@ Default rule (when EngineConfig.draft_cores / target_cores are None), over the c
     imbalance between Td and Tv is what k (or adaptive k) tunes, so an even split keeps that knob useful.
   * sequential: drafter and verifier take turns (draft, wait, verify), so both get every core; a disjoint split
     would leave half of them idle at every moment.
-  * autoregressive: the verifier gets every core; the drafter runs no model (it only relays empty drafts).
+  * autoregressive: the verifier gets every core; the drafter runs no model (it only relays empty drafts) and
+    shares them: measured with scripts/step_overhead.py, a drafter on another core than the verifier's, beside
+    the busy scheduler, more than doubled the idle gap between two verify steps.
 A worker pins itself to its set (sched_setaffinity) and sets torch's intra-op threads to its size.
 """
 
@@ -68,7 +70,9 @@ def resolve(draft_cores, target_cores, mode: str, allowed: list[int] | None = No
 
     In minedraft mode the two sets must be disjoint (both workers compute at once; shared cores would make them
     fight); in the other modes they take turns, so sets may overlap. Given only one set, the other worker gets
-    the remaining allowed cores in minedraft mode (all allowed cores otherwise)."""
+    the remaining allowed cores in minedraft mode, and the same set otherwise (in autoregressive mode the drafter
+    only relays empty drafts: on the verifier's cores its wake-ups cost a context switch, not a cross-core hop
+    behind the scheduler)."""
     allowed = sorted(allowed if allowed is not None else available_cores())
     d = check_cores("draft_cores", draft_cores, allowed) if draft_cores is not None else None
     t = check_cores("target_cores", target_cores, allowed) if target_cores is not None else None
@@ -86,9 +90,9 @@ def resolve(draft_cores, target_cores, mode: str, allowed: list[int] | None = No
         if common:
             raise ValueError(f"draft_cores and target_cores share cores {common}; in minedraft mode both workers "
                              "compute at the same time, so the sets must be disjoint")
-    else:
-        d = d if d is not None else allowed
-        t = t if t is not None else allowed
+    else:  # given one set, the other worker shares it (they take turns)
+        d = d if d is not None else t
+        t = t if t is not None else d
     return d, t
 
 

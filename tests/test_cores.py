@@ -48,7 +48,8 @@ def test_resolve_explicit_and_errors():
     allowed = [0, 1, 2, 3]
     assert resolve([0], [1, 2, 3], "minedraft", allowed) == ([0], [1, 2, 3])
     assert resolve([3], None, "minedraft", allowed) == ([3], [0, 1, 2])  # the other worker gets the rest
-    assert resolve(None, [0, 1], "sequential", allowed) == ([0, 1, 2, 3], [0, 1])
+    assert resolve(None, [0, 1], "sequential", allowed) == ([0, 1], [0, 1])  # the other shares the given set
+    assert resolve(None, [2], "autoregressive", allowed) == ([2], [2])
     with pytest.raises(ValueError, match="draft_cores and target_cores share cores \\[1\\]"):
         resolve([0, 1], [1, 2], "minedraft", allowed)
     assert resolve([0, 1], [1, 2], "sequential", allowed) == ([0, 1], [1, 2])  # turns: overlap is fine

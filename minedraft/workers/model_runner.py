@@ -102,9 +102,8 @@ class ModelRunner:
         B, T = len(seq_ids), max(lens)
         totals = [s + n for s, n in zip(starts, lens)]
         S = max(totals)
-        ids = torch.zeros(B, T, dtype=torch.long)
-        for b, toks in enumerate(token_lists):
-            ids[b, :lens[b]] = torch.tensor(toks, dtype=torch.long)
+        ids = torch.tensor([t if n == T else list(t) + [0] * (T - n) for t, n in zip(token_lists, lens)],
+                           dtype=torch.long)  # one tensor call, not one per row: planning runs every step
         read = cache.batch_slots(seq_ids, totals)
         t = torch.arange(T)
         starts_t, lens_t, totals_t = (torch.tensor(x) for x in (starts, lens, totals))
