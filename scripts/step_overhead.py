@@ -12,7 +12,8 @@ differs. All three decode the same prompts (greedy, ignore_eos, all submitted at
 token. Rounds rotate which goes first, so drift and other load on the box hit all alike; the figures are medians
 over --rounds. The engine's scheduler (this process) runs on the other cores, its idle drafter shares the
 verifier's core (the default split for autoregressive mode). "verifier busy" is the share of the engine's wall
-time the verifier spent in verify().
+time the verifier spent in verify(); "idle between steps" is the median time from the end of one verify call to
+the start of the next (the engine's hand-over: verdict to the drafter, next drafts back), from the engine's trace.
 
 Wall-clock tok/s on a loaded box mostly measures the kernel's CPU sharing: a process that sleeps between steps
 (the verifier waiting for its next message) is favoured over one that never sleeps (the bare loop), so the
@@ -35,7 +36,11 @@ import time
 
 from minedraft.bench import corpus_prompts
 from minedraft.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
-from minedraft.cores import available_cores
+try:
+    from minedraft.cores import available_cores
+except ImportError:  # an older minedraft (before per-worker cores), for before/after runs
+    def available_cores():
+        return sorted(os.sched_getaffinity(0))
 from minedraft.engine import Engine
 from minedraft.sampling_params import SamplingParams
 
@@ -52,8 +57,9 @@ def parse_args(argv=None):
 
 def loops_main(conn, core: int, kw: dict, max_tokens: int) -> None:
     """Helper process: answers (kind, prompts) with (tok/s, output ids) for kind "loop" or "local"."""
-    from minedraft.workers.process import _pin
-    _pin("cpu", [core])
+    os.sched_setaffinity(0, {core})  # as a worker pins itself (minedraft/workers/process.py _pin)
+    import torch
+    torch.set_num_threads(1)
     from minedraft.local_engine import LocalEngine
     from minedraft.request_state import make_request
 
@@ -125,7 +131,10 @@ async def main(argv=None) -> None:
 
     busy: list[float] = []
 
+    gaps: list[float] = []
+
     async def run_engine(engine, prompts):
+        engine.scheduler.stats.trace.clear()
         before = engine.stats()["verify_time_s"]
         workers = [p.pid for p in engine.procs]
         c = oncpu(workers)
@@ -135,16 +144,24 @@ async def main(argv=None) -> None:
         n = sum(len(r.token_ids) for r in res)
         cpu_tok_s["engine"].append(n / (oncpu(workers) - c))
         busy.append((engine.stats()["verify_time_s"] - before) / wall)
+        v = sorted((e.t0, e.t1) for e in engine.scheduler.stats.trace if e.name == "verify")
+        gaps.append(statistics.median(b[0] - a[1] for a, b in zip(v, v[1:])))  # verifier idle between steps
         return n / wall, [r.token_ids for r in res]
 
     try:
-        async with Engine(EngineConfig(**kw, target_cores=[core])) as engine:  # the idle drafter shares it
+        try:
+            cfg = EngineConfig(**kw, target_cores=[core])  # the idle drafter shares it
+        except TypeError:  # an older minedraft: it pins the verifier to the last allowed core, the drafter to the first
+            assert core == allowed[-1], "older minedraft: only the default --core is comparable"
+            cfg = EngineConfig(**kw)
+        async with Engine(cfg, trace=True) as engine:
             os.sched_setaffinity(0, set(others))  # the scheduler stays off the verifier's core
             warm = corpus_prompts(4, 99)
             for kind in ("loop", "local"):
                 run_in_helper(kind, warm)
             await run_engine(engine, warm)
             busy.clear()
+            gaps.clear()
             for v in cpu_tok_s.values():
                 v.clear()
             names = ["loop", "local", "engine"]
@@ -161,7 +178,7 @@ async def main(argv=None) -> None:
                 assert out["loop"] == out["local"] == out["engine"], "outputs differ: the comparison would be void"
                 print(f"round {i}: " + "   ".join(f"{n} {tok_s[n][-1]:7.1f} tok/s ({cpu_tok_s[n][-1]:7.1f}/cpu-s)"
                                                     for n in names)
-                      + f"   verifier busy {busy[-1]:.3f}", flush=True)
+                      + f"   verifier busy {busy[-1]:.3f}, idle between steps {1e3 * gaps[-1]:.3f} ms", flush=True)
     finally:
         parent.send(None)
         helper.join(10)
@@ -171,7 +188,8 @@ async def main(argv=None) -> None:
     for n, label in (("loop", "bare loop"), ("local", "LocalEngine"), ("engine", "Engine autoregressive")):
         print(f"  {label:22s} {med[n]:8.1f} tok/s wall   {cpu[n]:8.1f} tok per cpu-s")
     print(f"  wall-clock ratio Engine / bare loop = {med['engine'] / med['loop']:.3f} (load-sensitive, see above); "
-          f"verifier busy {statistics.median(busy):.3f}; CPU-cost ratio Engine / LocalEngine = "
+          f"verifier busy {statistics.median(busy):.3f}; verifier idle between steps "
+          f"{1e3 * statistics.median(gaps):.3f} ms (median); CPU-cost ratio Engine / LocalEngine = "
           f"{cpu['engine'] / cpu['local']:.3f}")
     print(f"CPU-cost ratio Engine / bare loop = {cpu['engine'] / cpu['loop']:.3f}")
 
