@@ -247,8 +247,8 @@ class AsyncScheduler:
         if self.on_verdict:
             self.on_verdict(m)
 
-    async def probe(self, timeout: float = 5.0) -> dict:
-        """Ask both workers what their KV caches hold."""
+    async def probe(self, timeout: float = 5.0, keep=("seqs", "cache_seqs", "used_blocks", "waiting")) -> dict:
+        """Ask both workers what their KV caches hold (or, with keep=("cores", "threads"), where they run)."""
         if self.dead:
             raise self.dead
         pid = next(self._probe_ids)
@@ -258,7 +258,6 @@ class AsyncScheduler:
             parts = await asyncio.wait_for(fut, timeout)
         finally:
             self._probes.pop(pid, None)
-        keep = ("seqs", "cache_seqs", "used_blocks", "waiting")
         return {who: {k: m[k] for k in keep if k in m} for who, m in parts.items()}
 
     def set_k(self, k: int) -> None:

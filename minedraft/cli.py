@@ -62,6 +62,14 @@ def _positive_int(s: str) -> int:
     return v
 
 
+def _cores(s: str) -> list[int]:
+    from .cores import parse_cores
+    try:
+        return parse_cores(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and engine")
     g.add_argument("--target", default=DEFAULT_TARGET, metavar="DIR",
@@ -87,6 +95,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="'auto' (cuda:0 if available, else cpu), 'cpu' or 'cuda:N'")
     g.add_argument("--draft-device", default=_default("draft_device"), metavar="DEV",
                    help="'auto' (cuda:1 if there are two GPUs, else the target's), 'cpu' or 'cuda:N'")
+    g.add_argument("--draft-cores", type=_cores, default=None, metavar="LIST",
+                   help="CPU cores of the drafter, e.g. 0 or 0-1,4 (default: half of this process's cores in "
+                        "minedraft mode, all of them in the others)")
+    g.add_argument("--target-cores", type=_cores, default=None, metavar="LIST",
+                   help="CPU cores of the verifier, e.g. 1-3 (default: the other half, with the odd core, in "
+                        "minedraft mode; all of them in the others)")
 
 
 def _engine_kw(a) -> dict:
@@ -96,7 +110,7 @@ def _engine_kw(a) -> dict:
         target, draft = resolve_model(a.model)
     return dict(target=target, draft=draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k,
                 max_prompt_tokens=a.max_prompt_tokens, dtype=a.dtype, target_device=a.target_device,
-                draft_device=a.draft_device)
+                draft_device=a.draft_device, draft_cores=a.draft_cores, target_cores=a.target_cores)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import os
 import shutil
 import tempfile
 import time
@@ -21,6 +20,7 @@ import zmq.asyncio
 
 from .async_scheduler import AsyncScheduler
 from .config import EngineConfig
+from .cores import resolve as resolve_cores
 from .errors import EngineDeadError
 from .ipc.tensors import create_shm, destroy_shm, slot_nbytes
 from .outputs import GenerationResult, StreamDelta
@@ -95,7 +95,7 @@ class Engine:
         nbytes = slot_nbytes(cfg.max_batch_size, max(k, 1), vocab)
         if not draft_dev.startswith("cuda"):
             self._shm = create_shm(2, nbytes)
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
+        draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.mode)
         common = {"addr": addr, "k": k, "mode": cfg.mode, "kv_cache_tokens": cfg.kv_cache_tokens,
                   "block_size": cfg.block_size, "dtype": cfg.dtype, "shm": [s.name for s in self._shm],
                   "slot_nbytes": nbytes, "eos": eos, "target": cfg.target, "draft": cfg.draft,
@@ -105,9 +105,9 @@ class Engine:
         mpc = mp.get_context("spawn")
         self.procs = [
             mpc.Process(target=drafter_main, name="minedraft-drafter", daemon=True,
-                        args=({**common, "device": draft_dev, "core": cores[0]},)),
+                        args=({**common, "device": draft_dev, "cores": draft_cores},)),
             mpc.Process(target=verifier_main, name="minedraft-verifier", daemon=True,
-                        args=({**common, "device": target_dev, "core": cores[-1]},)),
+                        args=({**common, "device": target_dev, "cores": target_cores},)),
         ]
         for p in self.procs:
             p.start()
@@ -235,6 +235,10 @@ class Engine:
     async def kv_usage(self) -> dict:
         """What the drafter's and verifier's KV caches hold now (sequences, used blocks)."""
         return await self.scheduler.probe()
+
+    async def placement(self) -> dict:
+        """Where each worker runs: {"drafter": {"cores": [...], "threads": n}, "verifier": {...}}."""
+        return await self.scheduler.probe(keep=("cores", "threads"))
 
     def stats(self) -> dict:
         s = self.scheduler
