@@ -133,6 +133,7 @@ def test_curl_streaming(srv):
     body = json.dumps({"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stream": True})
     out = subprocess.run(["curl", "-N", "-s", "--max-time", "60", "-H", "Content-Type: application/json",
                           "-d", body, srv.url + "/v1/completions"], capture_output=True, text=True, check=True).stdout
+    assert "\r" not in out and out.endswith("data: [DONE]\n\n")  # OpenAI's framing: LF, blank line per event
     data = [line[len("data: "):] for line in out.splitlines() if line.startswith("data: ")]
     assert data[-1] == "[DONE]"
     chunks = [json.loads(d) for d in data[:-1]]

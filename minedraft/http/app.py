@@ -142,7 +142,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
 
         async def events():
             def ev(obj_: dict) -> ServerSentEvent:
-                return ServerSentEvent(json.dumps(obj_, separators=(",", ":")))
+                return ServerSentEvent(json.dumps(obj_, separators=(",", ":")), sep="\n")
             final = None
             try:
                 if chat:
@@ -161,7 +161,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
                 yield ev(_engine_error(e).body())  # headers are gone: report in-band, as OpenAI does
             finally:
                 await deltas.aclose()  # aborts the request if we leave early (client gone)
-            yield ServerSentEvent("[DONE]")
+            yield ServerSentEvent("[DONE]", sep="\n")
 
         return EventSourceResponse(events(), sep="\n", ping=15)
 

@@ -76,10 +76,14 @@ function drawThroughput() {
 
 function drawTimeline(tl) {
   const [c, g] = setupCanvas("timeline");
-  const left = 60, right = c.width - 8, lanes = { verifier: 20, drafter: 60 }, win = tl.window_s;
+  const left = 60, right = c.width - 8, lanes = { verifier: 24, drafter: 62 }, win = tl.window_s;
   const x = t => left + (1 + t / win) * (right - left);
   g.fillStyle = "#555";
   for (const [lane, y] of Object.entries(lanes)) g.fillText(lane, 2, y + 14);
+  COLORS.forEach((col, b) => {  // legend
+    g.fillStyle = col; g.fillRect(right - 150 + 75 * b, 2, 10, 10);
+    g.fillStyle = "#555"; g.fillText("batch " + b, right - 136 + 75 * b, 11);
+  });
   for (let i = 0; i <= 4; i++) {
     const t = -win + (i * win) / 4;
     g.fillText((t * 1000).toFixed(0) + " ms", x(t) - 18, c.height - 4);
@@ -91,6 +95,7 @@ function drawTimeline(tl) {
     g.fillRect(x0, lanes[lane], Math.max(1, x1 - x0), 24);
   }
   c.dataset.intervals = String(tl.intervals.length);
+  c.dataset.batches = String(new Set(tl.intervals.map(iv => iv[1])).size);
 }
 
 function showStats(m) {
@@ -99,7 +104,7 @@ function showStats(m) {
     ["KV blocks free", one(m, "minedraft_kv_blocks_free") + " / " + one(m, "minedraft_kv_blocks_total")],
     ["tokens", one(m, "minedraft_output_tokens_total")],
     ["acceptance", drafted ? (100 * acc / drafted).toFixed(1) + "%" : "–"],
-    ["finished", (m.minedraft_requests_total || []).map(s => s.labels.outcome + " " + s.value).join(", ")]];
+    ["requests", (m.minedraft_requests_total || []).map(s => s.labels.outcome + " " + s.value).join(", ")]];
   const el = document.getElementById("stats");
   el.replaceChildren(...items.map(([k, v]) => { const s = document.createElement("span"); s.textContent = k + ": " + v; return s; }));
 }
@@ -143,7 +148,7 @@ async function generate() {
   for (;;) {
     const { done, value } = await reader.read();
     if (done) break;
-    buf += dec.decode(value, { stream: true });
+    buf += dec.decode(value, { stream: true }).replace(/\r\n/g, "\n");
     let i;
     while ((i = buf.indexOf("\n\n")) >= 0) {  // one server-sent event per blank-line-terminated block
       const ev = buf.slice(0, i); buf = buf.slice(i + 2);
