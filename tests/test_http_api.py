@@ -173,6 +173,25 @@ def test_disconnect_mid_stream_frees_cache(srv):
     assert all(p["seqs"] == 0 and p["used_blocks"] == 0 for p in usage.values()), usage
 
 
+def test_disconnect_before_a_non_streamed_reply_aborts(srv):
+    """No stream: the server still notices the hang-up (ASGI http.disconnect) and aborts the request."""
+    import socket
+    from urllib.parse import urlsplit
+    before = _wait_idle(srv)
+    u = urlsplit(srv.url)
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 500, "temperature": 0, "ignore_eos": True}).encode()
+    with socket.create_connection((u.hostname, u.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 10
+        while srv.sync(srv.engine.stats)["running"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.sync(srv.engine.stats)["running"] == 1
+    after = _wait_idle(srv)
+    assert after["aborted"] == before["aborted"] + 1 and after["finished"] == before["finished"]
+    assert after["kv_blocks_free"] == after["kv_blocks_total"]
+
+
 def _post(url, body, **kw):
     raw = isinstance(body, (bytes, str)) or hasattr(body, "__next__")  # bytes, text, or a chunk generator
     return httpx.post(url, content=body if raw else json.dumps(body),
@@ -199,6 +218,8 @@ def _error(r, status, type_=None):
     ({"prompt": PROMPT, "logprobs": 3}, "logprobs"),
     ({"prompt": 42}, "prompt"),
     ({"prompt": ""}, None),
+    ({"prompt": "", "stream": True}, None),  # refused by the engine before any event: a status, not a stream
+    ({"prompt": PROMPT, "max_tokens": 100000, "stream": True}, None),
     ({"prompt": ["a", "b"]}, "prompt"),
     ([1, 2], None),
 ])
