@@ -76,7 +76,9 @@ def _common(body: dict, served: str, default_max_tokens: int) -> tuple[SamplingP
     n = _get(body, "n", int, 1)
     if n != 1:
         raise invalid(f"only n=1 is supported, got n={n}", "n")
-    max_tokens = _get(body, "max_completion_tokens", int) or _get(body, "max_tokens", int, default_max_tokens)
+    max_tokens = _get(body, "max_completion_tokens", int)  # the newer name for chat
+    if max_tokens is None:
+        max_tokens = _get(body, "max_tokens", int, default_max_tokens)
     stop = body.get("stop")
     if stop is None:
         stop = ()
