@@ -155,8 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HTTP only: require 'Authorization: Bearer KEY' on /v1/* (default: the "
                         "MINEDRAFT_API_KEY environment variable if set, else no key)")
     n.add_argument("--model-name", default=None, metavar="NAME",
-                   help="HTTP only: the model id clients send and /v1/models lists (default: the target "
-                        "directory's name)")
+                   help="HTTP only: the model id clients send and /v1/models lists (default: --model's name "
+                        "if given, else the target directory's name)")
     n.add_argument("--allow-remote", action="store_true",
                    help="allow binding a non-loopback address (0.0.0.0, *, a LAN address, an interface name), "
                         "for --bind and --http")
@@ -355,7 +355,9 @@ def _serve_http(a) -> int:
 
     api_key = a.api_key if a.api_key is not None else os.environ.get("MINEDRAFT_API_KEY") or None
     try:
-        _run_async(serve_http(cfg, a.http, zmq_bind=a.bind, api_key=api_key, model_name=a.model_name,
+        # a named pair (--model, where the CLI has it) is also the id clients send
+        model_name = a.model_name or getattr(a, "model", None)
+        _run_async(serve_http(cfg, a.http, zmq_bind=a.bind, api_key=api_key, model_name=model_name,
                               allow_remote=a.allow_remote, ready=ready, max_body_bytes=a.max_message_bytes,
                               log_level="warning" if a.log_level == "info" else a.log_level,
                               curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,

@@ -130,7 +130,8 @@ async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, a
             if zserver is not None:
                 zserver.engine = engine
                 await zserver.start()
-                lines.append(f"listening on {zserver.endpoint}")
+                curve = f" (CURVE, server public key {zserver.public_key})" if zserver.public_key else ""
+                lines.append(f"listening on {zserver.endpoint}{curve}")
             if ready is not None:
                 ready(lines)
             await stop.wait()
