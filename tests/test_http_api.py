@@ -349,3 +349,25 @@ def test_timeline_has_recent_draft_and_verify(srv, client, model):
     lanes = {iv[0] for iv in tl["intervals"]}
     assert lanes == {"drafter", "verifier"}
     assert all(-tl["window_s"] - 1 < iv[2] <= iv[3] <= 0.01 for iv in tl["intervals"])
+
+
+def test_zz_worker_death_mid_stream_then_503(srv):
+    """Runs last in this module (it kills the module's engine): a stream in flight gets an in-band OpenAI error
+    event and [DONE]; afterwards requests get 503, /health 503 and minedraft_engine_up 0."""
+    import os
+    import signal as sig
+    body = {"prompt": PROMPT, "max_tokens": 500, "temperature": 0, "stream": True, "ignore_eos": True}
+    with httpx.Client(timeout=60) as h:
+        with h.stream("POST", srv.url + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")
+            os.kill(srv.engine.procs[1].pid, sig.SIGKILL)  # the verifier
+            rest = [line[len("data: "):] for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "[DONE]"
+    errors = [json.loads(d)["error"] for d in rest[:-1] if "error" in json.loads(d)]
+    assert len(errors) == 1 and errors[0]["code"] == "engine_dead" and errors[0]["type"] == "server_error"
+    err = _error(_post(srv.url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 4}), 503, "server_error")
+    assert err["code"] == "engine_dead"
+    health = httpx.get(srv.url + "/health")
+    assert health.status_code == 503 and health.json()["verifier_alive"] is False
+    assert "minedraft_engine_up 0.0" in httpx.get(srv.url + "/metrics").text
