@@ -97,28 +97,23 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
     async def completions(request: Request):
         check_key(request)
         req = oa.parse_completion(await read_json(request), served)
-        rid = oa.new_id("cmpl")
-        if req.stream:
-            return await _stream(request, engine.stream(req.prompt, req.params, request_id=rid), rid, req,
-                                 chat=False)
-        try:
-            res = await _until_disconnect(request, engine.generate(req.prompt, req.params, request_id=rid))
-        except (InvalidRequestError, OverloadedError, EngineDeadError) as e:
-            raise _engine_error(e) from None
-        return JSONResponse(oa.completion(rid, req.model, res))
+        return await _answer(request, req, oa.new_id("cmpl"), chat=False)
 
     async def chat(request: Request):
         check_key(request)
         req = oa.parse_chat(await read_json(request), served, engine.config.max_tokens_limit)
-        rid = oa.new_id("chatcmpl")
+        return await _answer(request, req, oa.new_id("chatcmpl"), chat=True)
+
+    async def _answer(request: Request, req: oa.ParsedRequest, rid: str, chat: bool):
         if req.stream:
-            return await _stream(request, engine.stream_chat(req.prompt, req.params, request_id=rid), rid, req,
-                                 chat=True)
+            run = engine.stream_chat if chat else engine.stream
+            return await _stream(request, run(req.prompt, req.params, request_id=rid), rid, req, chat)
+        run = engine.chat if chat else engine.generate
         try:
-            res = await _until_disconnect(request, engine.chat(req.prompt, req.params, request_id=rid))
+            res = await _until_disconnect(request, run(req.prompt, req.params, request_id=rid))
         except (InvalidRequestError, OverloadedError, EngineDeadError) as e:
             raise _engine_error(e) from None
-        return JSONResponse(oa.chat_completion(rid, req.model, res))
+        return JSONResponse((oa.chat_completion if chat else oa.completion)(rid, req.model, res))
 
     async def _stream(request: Request, deltas, rid: str, req: oa.ParsedRequest, chat: bool):
         # Wait for the first delta before answering, so a refused request (400/429/503) gets its status code
