@@ -6,7 +6,10 @@ hard-codes a prompt format; a tokenizer without one is refused with a clear erro
 
 from __future__ import annotations
 
+import dataclasses
+
 from .errors import InvalidRequestError
+from .sampling_params import SamplingParams
 
 ROLES = ("system", "user", "assistant")
 
@@ -65,3 +68,39 @@ def chat_prompt_ids(tokenizer, messages, max_chars: int | None = None) -> list[i
         raise InvalidRequestError(f"the chat template rejected these messages: {e}") from None
     # The template writes any special tokens (bos, role markers) itself: add none on top.
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def end_of_turn_id(tokenizer) -> int | None:
+    """The special token the chat template closes an assistant turn with (<|im_end|> in ChatML, <|eot_id|> in
+    Llama 3), read from the template itself; None if there is none or it is not a single special token.
+
+    A chat model ends its answer with it, but its generation config may list only the plain eos (a base model
+    with a chat template), so chat requests also stop on it, instead of running on into invented turns."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    probe = "minedraft-end-of-turn-probe"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "a"}, {"role": "assistant", "content": probe}],
+                                             tokenize=False)
+    except Exception:
+        return None
+    after = text.split(probe, 1)[1].strip() if probe in text else ""
+    if not after:
+        return None
+    marker = after.split()[0]
+    ids = tokenizer.encode(marker, add_special_tokens=False)
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    return ids[0] if len(ids) == 1 and ids[0] in special else None
+
+
+def chat_params(params, eot: int | None) -> SamplingParams:
+    """The request's params, also stopping at the end-of-turn token (unless the caller asked to ignore eos)."""
+    if params is None:
+        params = SamplingParams()
+    elif isinstance(params, dict):
+        params = SamplingParams.from_dict(params)
+    elif not isinstance(params, SamplingParams):
+        raise InvalidRequestError(f"params must be SamplingParams or a dict, got {type(params).__name__}")
+    if eot is None or params.ignore_eos or eot in params.stop_token_ids:
+        return params
+    return dataclasses.replace(params, stop_token_ids=(*params.stop_token_ids, eot))

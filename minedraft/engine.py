@@ -230,21 +230,27 @@ class Engine:
             await follow.aclose()
         return state.result()
 
-    def _chat_ids(self, messages) -> list[int]:
-        from .chat import chat_prompt_ids
+    def _chat_request(self, messages, params) -> tuple[list[int], SamplingParams]:
+        from .chat import chat_params, chat_prompt_ids, end_of_turn_id
         if self.tokenizer is None:
             raise EngineDeadError("engine not started")
-        return chat_prompt_ids(self.tokenizer, messages, max_chars=16 * self.config.max_prompt_tokens)
+        if not hasattr(self, "_eot"):  # read from the template once, on the first chat
+            self._eot = end_of_turn_id(self.tokenizer)
+        ids = chat_prompt_ids(self.tokenizer, messages, max_chars=16 * self.config.max_prompt_tokens)
+        return ids, chat_params(params, self._eot)
 
     async def chat(self, messages, params: SamplingParams | dict | None = None,
                    request_id: str | None = None) -> GenerationResult:
-        """Answer OpenAI-style messages ([{"role", "content"}]) through the target's chat template."""
-        return await self.generate(self._chat_ids(messages), params, request_id)
+        """Answer OpenAI-style messages ([{"role", "content"}]) through the target's chat template; stops at the
+        template's end-of-turn token too (chat.end_of_turn_id)."""
+        ids, params = self._chat_request(messages, params)
+        return await self.generate(ids, params, request_id)
 
     async def stream_chat(self, messages, params: SamplingParams | dict | None = None,
                           request_id: str | None = None) -> AsyncIterator[StreamDelta]:
         """stream() for chat messages; leaving early aborts the request like stream()."""
-        inner = self.stream(self._chat_ids(messages), params, request_id)
+        ids, params = self._chat_request(messages, params)
+        inner = self.stream(ids, params, request_id)
         try:
             async for delta in inner:
                 yield delta

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from minedraft.chat import CHATML_TEMPLATE, chat_prompt_ids, normalize_messages
+from minedraft.chat import CHATML_TEMPLATE, chat_params, chat_prompt_ids, end_of_turn_id, normalize_messages
 from minedraft.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from minedraft.errors import InvalidRequestError
+from minedraft.sampling_params import SamplingParams
 from minedraft.step_stats import StepStats
 
 
@@ -53,6 +54,29 @@ def test_tokenizer_without_template_refused(tok):
 def test_overlong_messages_refused_before_rendering(tok):
     with pytest.raises(InvalidRequestError, match="characters"):
         chat_prompt_ids(tok, [{"role": "user", "content": "x" * 101}], max_chars=100)
+
+
+def test_end_of_turn_token_read_from_the_template(tok):
+    # the tiny tokenizer spells <|im_end|> in several ordinary pieces: no single token to stop on
+    assert end_of_turn_id(tok) is None
+    special = AutoTokenizer.from_pretrained(DEFAULT_TARGET, local_files_only=True)
+    special.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    eot = special.convert_tokens_to_ids("<|im_end|>")
+    assert end_of_turn_id(special) == eot
+    special.chat_template = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}<|endoftext|>"
+                             "{% endfor %}")  # a template whose turns end with the (special) eos
+    assert end_of_turn_id(special) == special.eos_token_id
+
+
+def test_chat_params_add_the_end_of_turn_stop():
+    assert chat_params(None, 7).stop_token_ids == (7,)
+    assert chat_params({"stop_token_ids": [3], "max_tokens": 5}, 7) == SamplingParams(stop_token_ids=(3, 7),
+                                                                                         max_tokens=5)
+    assert chat_params(SamplingParams(ignore_eos=True), 7).stop_token_ids == ()  # the caller wants it all
+    assert chat_params(SamplingParams(stop_token_ids=(7,)), 7).stop_token_ids == (7,)
+    assert chat_params({"seed": 1}, None) == SamplingParams(seed=1)
+    with pytest.raises(InvalidRequestError):
+        chat_params({"temperature": -1}, 7)
 
 
 def _verdict(batch, results, draft, verify):
