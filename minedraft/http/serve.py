@@ -54,7 +54,6 @@ def bind_socket(addr: str, allow_remote: bool) -> socket.socket:
         sock.bind(info[4])
     except OSError as e:
         raise HTTPBindError(f"cannot bind HTTP address {addr!r}: {e}") from None
-    sock.set_inheritable(True)
     return sock
 
 
