@@ -25,6 +25,7 @@ from .errors import EngineDeadError
 from .ipc.tensors import create_shm, destroy_shm, slot_nbytes
 from .outputs import GenerationResult, StreamDelta
 from .sampling_params import SamplingParams
+from .step_stats import StepStats
 from .workers.process import drafter_main, verifier_main
 
 WATCH_S = 0.1
@@ -69,6 +70,7 @@ class Engine:
         self._closed = False
         self.tokenizer = None
         self.adaptive = None
+        self.step_stats: StepStats | None = None
 
     @classmethod
     async def start(cls, config: EngineConfig | None = None, **kw) -> "Engine":
@@ -102,6 +104,8 @@ class Engine:
                   "fault": list(self._fault) if self._fault else None}
         self._ctx = zmq.asyncio.Context()
         self.scheduler = AsyncScheduler(cfg, self.tokenizer, vocab, self._ctx, addr, self._trace)
+        self.step_stats = StepStats(k)
+        self.scheduler.verdict_listeners.append(self.step_stats)
         mpc = mp.get_context("spawn")
         self.procs = [
             mpc.Process(target=drafter_main, name="minedraft-drafter", daemon=True,
@@ -229,6 +233,33 @@ class Engine:
             await follow.aclose()
         return state.result()
 
+    def _chat_request(self, messages, params) -> tuple[list[int], SamplingParams]:
+        from .chat import chat_params, chat_prompt_ids, end_of_turn_id
+        if self.tokenizer is None:
+            raise EngineDeadError("engine not started")
+        if not hasattr(self, "_eot"):  # read from the template once, on the first chat
+            self._eot = end_of_turn_id(self.tokenizer)
+        ids = chat_prompt_ids(self.tokenizer, messages, max_chars=16 * self.config.max_prompt_tokens)
+        return ids, chat_params(params, self._eot)
+
+    async def chat(self, messages, params: SamplingParams | dict | None = None,
+                   request_id: str | None = None) -> GenerationResult:
+        """Answer OpenAI-style messages ([{"role", "content"}]) through the target's chat template; stops at the
+        template's end-of-turn token too (chat.end_of_turn_id)."""
+        ids, params = self._chat_request(messages, params)
+        return await self.generate(ids, params, request_id)
+
+    async def stream_chat(self, messages, params: SamplingParams | dict | None = None,
+                          request_id: str | None = None) -> AsyncIterator[StreamDelta]:
+        """stream() for chat messages; leaving early aborts the request like stream()."""
+        ids, params = self._chat_request(messages, params)
+        inner = self.stream(ids, params, request_id)
+        try:
+            async for delta in inner:
+                yield delta
+        finally:
+            await inner.aclose()
+
     async def abort(self, request_id: str) -> bool:
         return bool(self.scheduler) and self.scheduler.abort(request_id)
 
@@ -250,7 +281,10 @@ class Engine:
                 "draft_time_s": st.draft_time_s, "verify_time_s": st.verify_time_s,
                 "running": len(s.running), "waiting": len(s.waiting), "finished": st.finished,
                 "aborted": st.aborted, "failed": st.failed,
-                "kv_blocks_free": s.free_blocks, "kv_blocks_total": s.total_blocks}
+                "kv_blocks_free": s.free_blocks, "kv_blocks_total": s.total_blocks,
+                # per draft position i: drafts proposed there, and how many were accepted (step_stats.py)
+                "drafted_by_position": list(self.step_stats.drafted_by_pos),
+                "accepted_by_position": list(self.step_stats.accepted_by_pos)}
 
     def health(self) -> dict:
         alive = [p.exitcode is None for p in self.procs]
