@@ -121,6 +121,7 @@ async def test_workers_pinned_by_default_split(tiny_pair, uncapped):
     assert seen["verifier"] == {"cores": t, "threads": len(t)}
     seen = await _placement(_cfg(tiny_pair, mode="autoregressive"))
     assert seen["verifier"] == {"cores": allowed, "threads": len(allowed)}  # target alone gets every core
+    assert seen["drafter"]["cores"] == allowed  # the relay shares them (short hand-over between steps)
 
 
 @pytest.mark.skipif(len(available_cores()) < 2, reason="needs two allowed cores")
