@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from .bench_baselines import headline, in_process_rows, in_process_runs
 from .config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
-from .cores import available_cores, format_cores
+from .cores import available_cores, format_cores, threads_for
 from .engine import Engine
 from .sampling_params import SamplingParams
 
@@ -205,9 +205,10 @@ async def _bench(args) -> list[tuple[str, dict]]:
     rows += in_process_rows(args, points, lambda n, rep: corpus_prompts(n, seed=rep), params, reference, bar)
     if args.hf:  # batch 1 only: its name puts it in the B=1 workload, the only rows it is compared with
         prompts = corpus_prompts(args.hf_prompts, seed=0)
-        rows.append((f"hf assisted ({len(allowed)} threads) B=1",
+        threads = threads_for(allowed)
+        rows.append((f"hf assisted ({threads} threads) B=1",
                      hf_assisted(args.target, args.draft, prompts, args.max_tokens, args.repeats, bar, args.dtype,
-                                 threads=len(allowed))))
+                                 threads=threads)))
     bar.close()
     if trace_events:
         from .trace import plot_timeline, write_chrome_trace

@@ -12,7 +12,7 @@ import statistics
 import time
 
 from .config import EngineConfig
-from .cores import available_cores
+from .cores import available_cores, threads_for
 
 IN_PROCESS_AR = "in-process target alone"
 IN_PROCESS_SD = "in-process sequential SD"
@@ -43,7 +43,7 @@ def in_process_rows(args, points, prompts_for, params, reference, bar) -> list[t
     import torch
 
     from .local_engine import LocalEngine
-    threads = len(available_cores())
+    threads = threads_for(available_cores())  # what the engine's workers would use on all these cores
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     rows = []

@@ -10,12 +10,25 @@ Default rule (when EngineConfig.draft_cores / target_cores are None), over the c
   * autoregressive: the verifier gets every core; the drafter runs no model (it only relays empty drafts) and
     shares them: measured with scripts/step_overhead.py, a drafter on another core than the verifier's, beside
     the busy scheduler, more than doubled the idle gap between two verify steps.
-A worker pins itself to its set (sched_setaffinity) and sets torch's intra-op threads to its size.
+A worker pins itself to its set (sched_setaffinity) and sets torch's intra-op threads to its size (see threads_for).
 """
 
 from __future__ import annotations
 
 import os
+
+
+THREADS_ENV = "MINEDRAFT_WORKER_THREADS"
+
+
+def threads_for(cores: list[int] | None) -> int:
+    """torch intra-op threads for a worker on these cores: one per core, capped by $MINEDRAFT_WORKER_THREADS if set.
+
+    The cap is for shared machines: with more runnable threads than free cores a multi-threaded GEMM waits at
+    every barrier for its preempted threads (the test suite sets it to 1; see docs/BENCHMARKS.md)."""
+    n = len(cores) if cores else 1
+    cap = os.environ.get(THREADS_ENV)
+    return max(1, min(n, int(cap))) if cap else n
 
 
 def available_cores() -> list[int]:

@@ -16,6 +16,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Engine workers too (one torch thread each, whatever cores they get): see the comment below
+os.environ.setdefault("MINEDRAFT_WORKER_THREADS", "1")
 
 import torch  # noqa: E402
 

@@ -5,7 +5,7 @@ import json
 
 from minedraft import bench
 from minedraft.bench_baselines import headline
-from minedraft.cores import available_cores, format_cores
+from minedraft.cores import available_cores, format_cores, threads_for
 from minedraft.trace import segments
 
 
@@ -19,7 +19,7 @@ def test_bench_tiny_run(tiny_pair, tmp_path, capsys):
          "--kv-cache-tokens", "8192", *split])
     rows = asyncio.run(bench._bench(args))
     names = [n for n, _ in rows]
-    n = len(cores)
+    n = threads_for(cores)  # the in-process rows use what a worker on all the cores would
     assert [n.split(" k=")[0].split(" B=")[0] for n in names] == [
         "autoregressive", "sequential", "sequential", "minedraft", "minedraft", "minedraft (adaptive k)",
         f"in-process target alone ({n} threads)", f"in-process sequential SD ({n} threads)",

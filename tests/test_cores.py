@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from minedraft import cli
 from minedraft.config import EngineConfig
-from minedraft.cores import available_cores, default_split, format_cores, parse_cores, resolve
+from minedraft.cores import available_cores, default_split, format_cores, parse_cores, resolve, threads_for
 from minedraft.engine import Engine
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity (Linux)")
@@ -100,7 +100,20 @@ def _cfg(pair, **kw):
                         kv_cache_tokens=2048, **kw)
 
 
-async def test_workers_pinned_by_default_split(tiny_pair):
+def test_threads_for_caps_by_env(monkeypatch):
+    monkeypatch.delenv("MINEDRAFT_WORKER_THREADS", raising=False)
+    assert threads_for([0, 1, 2]) == 3 and threads_for(None) == 1
+    monkeypatch.setenv("MINEDRAFT_WORKER_THREADS", "2")
+    assert threads_for([0, 1, 2]) == 2 and threads_for([5]) == 1
+
+
+@pytest.fixture
+def uncapped(monkeypatch):
+    """Workers spawned in the test see no thread cap (conftest sets one for the rest of the suite)."""
+    monkeypatch.delenv("MINEDRAFT_WORKER_THREADS", raising=False)
+
+
+async def test_workers_pinned_by_default_split(tiny_pair, uncapped):
     allowed = available_cores()
     d, t = default_split(allowed, "minedraft")
     seen = await _placement(_cfg(tiny_pair, mode="minedraft"))
@@ -108,10 +121,11 @@ async def test_workers_pinned_by_default_split(tiny_pair):
     assert seen["verifier"] == {"cores": t, "threads": len(t)}
     seen = await _placement(_cfg(tiny_pair, mode="autoregressive"))
     assert seen["verifier"] == {"cores": allowed, "threads": len(allowed)}  # target alone gets every core
+    assert seen["drafter"]["cores"] == allowed  # the relay shares them (short hand-over between steps)
 
 
 @pytest.mark.skipif(len(available_cores()) < 2, reason="needs two allowed cores")
-async def test_workers_pinned_to_explicit_cores(tiny_pair):
+async def test_workers_pinned_to_explicit_cores(tiny_pair, uncapped):
     allowed = available_cores()
     seen = await _placement(_cfg(tiny_pair, mode="minedraft", draft_cores=[allowed[-1]], target_cores=allowed[:-1]))
     assert seen["drafter"] == {"cores": [allowed[-1]], "threads": 1}

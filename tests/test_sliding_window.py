@@ -31,7 +31,8 @@ def _save(model, tok_dir, path):
 @pytest.fixture(scope="module")
 def windowed(tiny_pair, tmp_path_factory):
     """name -> (model dir, hf model) for windowed tiny models of several kinds."""
-    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 
     root = tmp_path_factory.mktemp("windowed")
     eos, vocab = tiny_pair.eos_token_id, tiny_pair.vocab_size
@@ -44,6 +45,9 @@ def windowed(tiny_pair, tmp_path_factory):
         "qwen2_types_tied": Qwen2ForCausalLM(Qwen2Config(
             **_common(eos, vocab, tie=True), use_sliding_window=True, sliding_window=WINDOW,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+        # Qwen3 (q/k norms), same rule as Qwen2: layers 2.. slide
+        "qwen3_mixed": Qwen3ForCausalLM(Qwen3Config(**_common(eos, vocab), head_dim=16, use_sliding_window=True,
+                                                    sliding_window=WINDOW, max_window_layers=2)),
         # Mistral: every layer slides
         "mistral": MistralForCausalLM(MistralConfig(**_common(eos, vocab), sliding_window=WINDOW)),
     }
@@ -57,18 +61,22 @@ def windowed(tiny_pair, tmp_path_factory):
 def test_layer_windows_follow_transformers_rule(windowed):
     assert layer_windows(windowed["qwen2_mixed"][1].config) == [None, WINDOW, WINDOW]
     assert layer_windows(windowed["qwen2_types_tied"][1].config) == [WINDOW, None, WINDOW]
+    assert layer_windows(windowed["qwen3_mixed"][1].config) == [None, None, WINDOW]
     assert layer_windows(windowed["mistral"][1].config) == [WINDOW] * 3
 
 
 def _hf_generate(model, ids):
+    """MAX_TOKENS greedy tokens from transformers' generate that never stops on eos (min_new_tokens would instead
+    mask eos out of the argmax, which ignore_eos does not): the stop id is one no token has."""
     x = torch.tensor([ids])
     with torch.no_grad():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
-                             do_sample=False, pad_token_id=0)
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=MAX_TOKENS, do_sample=False,
+                             eos_token_id=model.config.vocab_size, pad_token_id=0)
+    assert out.shape[1] == len(ids) + MAX_TOKENS
     return out[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("name", ["qwen2_mixed", "qwen2_types_tied", "mistral"])
+@pytest.mark.parametrize("name", ["qwen2_mixed", "qwen2_types_tied", "qwen3_mixed", "mistral"])
 def test_windowed_models_decode_like_transformers(name, windowed):
     path, hf = windowed[name]
     refs = [_hf_generate(hf, p) for p in PROMPTS]

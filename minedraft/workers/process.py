@@ -40,7 +40,9 @@ def _pin(device: str, cores: list[int] | None):
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(cores))  # before torch starts its thread pool
     import torch
-    torch.set_num_threads(len(cores) if cores else 1)
+
+    from ..cores import threads_for
+    torch.set_num_threads(threads_for(cores))
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
 
