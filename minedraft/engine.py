@@ -35,7 +35,9 @@ def _resolve_devices(cfg: EngineConfig) -> tuple[str, str]:
     cuda = torch.cuda.is_available()
     n = torch.cuda.device_count() if cuda else 0
     target = cfg.target_device if cfg.target_device != "auto" else ("cuda:0" if cuda else "cpu")
-    draft = cfg.draft_device if cfg.draft_device != "auto" else (f"cuda:{1 if n > 1 else 0}" if cuda else "cpu")
+    # the drafter gets the first GPU past the target's ranks, if there is one; else it shares cuda:0
+    draft = cfg.draft_device if cfg.draft_device != "auto" else (
+        f"cuda:{cfg.target_tp if n >= cfg.target_tp + cfg.draft_tp else 0}" if cuda else "cpu")
     if target.startswith("cuda") != draft.startswith("cuda"):
         raise ValueError("draft and target must both be on CUDA or both on CPU")
     return draft, target
@@ -48,6 +50,9 @@ def _load_tokenizer_and_meta(cfg: EngineConfig):
     tcfg = AutoConfig.from_pretrained(cfg.target, local_files_only=True)
     from .workers.model_runner import load_vocab_map
     dcfg = AutoConfig.from_pretrained(cfg.draft, local_files_only=True)
+    from .workers.tensor_parallel import check_model
+    check_model(tcfg, cfg.target_tp)  # shapes that do not split fail here, before any process starts
+    check_model(dcfg, cfg.draft_tp)
     vmap = load_vocab_map(cfg.draft)  # a reduced-vocabulary draft names the vocabulary it maps into
     dvocab = vmap[1] if vmap else dcfg.vocab_size
     if tcfg.vocab_size != dvocab:
@@ -103,12 +108,16 @@ class Engine:
         self._ctx = zmq.asyncio.Context()
         self.scheduler = AsyncScheduler(cfg, self.tokenizer, vocab, self._ctx, addr, self._trace)
         mpc = mp.get_context("spawn")
-        self.procs = [
-            mpc.Process(target=drafter_main, name="minedraft-drafter", daemon=True,
-                        args=({**common, "device": draft_dev, "core": cores[0]},)),
-            mpc.Process(target=verifier_main, name="minedraft-verifier", daemon=True,
-                        args=({**common, "device": target_dev, "core": cores[-1]},)),
-        ]
+        from .workers.tp_workers import role_processes  # imports torch.distributed: not at engine import
+        # rank r of the drafter on cores[r], of the verifier on cores[-1-r] (shared when there are too few)
+        draft_procs = role_processes(mpc, "drafter", drafter_main, {**common, "device": draft_dev},
+                                     cfg.draft_tp if k else 1, cores, f"file://{self._tmp}/tp_drafter",
+                                     cfg.tp_timeout_s)
+        verify_procs = role_processes(mpc, "verifier", verifier_main, {**common, "device": target_dev},
+                                      cfg.target_tp, cores[::-1], f"file://{self._tmp}/tp_verifier",
+                                      cfg.tp_timeout_s)
+        # drafter and verifier (rank 0) first: health() reads them by position
+        self.procs = [draft_procs[0], verify_procs[0], *draft_procs[1:], *verify_procs[1:]]
         for p in self.procs:
             p.start()
         try:
