@@ -240,7 +240,7 @@ async def test_sampled_tp2_follows_target_distribution(tiny_pair, models):
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     prompt, trials = "the class statement", 1200
     sp = [SamplingParams(temperature=1.5, max_tokens=1, seed=1000 + i, ignore_eos=True) for i in range(trials)]
-    async with Engine(_cfg(tiny_pair, path)) as engine:
+    async with Engine(_cfg(tiny_pair, path, max_queue=2 * trials)) as engine:
         results = await asyncio.gather(*(engine.generate(prompt, s) for s in sp))
     counts = torch.zeros(tiny_pair.vocab_size, dtype=torch.long)
     for r in results:
@@ -309,14 +309,20 @@ async def test_dead_or_hung_rank_fails_pending_requests(tiny_pair, models, how):
 
 
 async def test_clean_shutdown_stops_every_rank(tiny_pair, models):
+    """The stop reaches every rank of both roles (rank 0 broadcasts STOP) and each exits by itself with code 0,
+    not killed; then nothing is left behind. (Exit takes seconds on a loaded box, so no time bound here.)"""
     engine = await Engine.start(_cfg(tiny_pair, models["qwen2"], draft_tp=2))
-    await engine.generate("the def", SamplingParams(max_tokens=8))
-    procs, shm = list(engine.procs), [s.name for s in engine._shm]
-    assert len(procs) == 4
-    t0 = time.monotonic()
-    await engine.shutdown()
-    assert time.monotonic() - t0 < 4, "ranks had to be killed: the stop did not reach them"
-    assert all(p.exitcode == 0 for p in procs), [(p.name, p.exitcode) for p in procs]
+    try:
+        await engine.generate("the def", SamplingParams(max_tokens=8))
+        procs, shm = list(engine.procs), [s.name for s in engine._shm]
+        assert len(procs) == 4
+        engine._watch.cancel()   # as shutdown() does: a rank exiting on purpose is no failure
+        engine.scheduler.send_stop()
+        for p in procs:
+            await asyncio.get_running_loop().run_in_executor(None, p.join, 60)
+        assert all(p.exitcode == 0 for p in procs), [(p.name, p.exitcode) for p in procs]
+    finally:
+        await engine.shutdown()
     assert not any(process_alive(p.pid) for p in procs)
     assert not any(shm_exists(n) for n in shm)
     with pytest.raises(FileNotFoundError):
