@@ -87,6 +87,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="'auto' (cuda:0 if available, else cpu), 'cpu' or 'cuda:N'")
     g.add_argument("--draft-device", default=_default("draft_device"), metavar="DEV",
                    help="'auto' (cuda:1 if there are two GPUs, else the target's), 'cpu' or 'cuda:N'")
+    g.add_argument("--target-tp", type=_positive_int, default=_default("target_tp"), metavar="N",
+                   help="tensor-parallel ranks of the target: N processes, one GPU (from --target-device on) "
+                        "or CPU core each")
+    g.add_argument("--draft-tp", type=_positive_int, default=_default("draft_tp"), metavar="N",
+                   help="tensor-parallel ranks of the draft")
 
 
 def _engine_kw(a) -> dict:
@@ -96,7 +101,7 @@ def _engine_kw(a) -> dict:
         target, draft = resolve_model(a.model)
     return dict(target=target, draft=draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k,
                 max_prompt_tokens=a.max_prompt_tokens, dtype=a.dtype, target_device=a.target_device,
-                draft_device=a.draft_device)
+                draft_device=a.draft_device, target_tp=a.target_tp, draft_tp=a.draft_tp)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -327,3 +327,25 @@ async def test_clean_shutdown_stops_every_rank(tiny_pair, models):
     assert not any(shm_exists(n) for n in shm)
     with pytest.raises(FileNotFoundError):
         shared_memory.SharedMemory(name=shm[0])
+
+
+# -- configuration -----------------------------------------------------------------------------------------------
+def test_cli_flags_reach_the_config():
+    from minedraft import cli
+    a = cli.build_parser().parse_args(["generate", "x", "--target-tp", "2", "--draft-tp", "2"])
+    kw = cli._engine_kw(a)
+    assert (kw["target_tp"], kw["draft_tp"]) == (2, 2)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["generate", "x", "--target-tp", "0"])
+
+
+def test_bad_tp_sizes_fail_before_any_process(tiny_pair, models):
+    with pytest.raises(ValueError, match="target_tp"):
+        _cfg(tiny_pair, models["qwen2"], target_tp=0)
+
+    async def start():
+        engine = Engine(_cfg(tiny_pair, models["qwen2"], target_tp=3))   # 4 heads do not split over 3
+        with pytest.raises(ValueError, match="tensor-parallel size 3"):
+            await engine._start()
+        assert engine.procs == []
+    asyncio.run(start())
