@@ -22,7 +22,7 @@ from .process import DrafterProcess, VerifierProcess, _Worker
 from .tensor_parallel import Shard, load_sharded, param_bytes
 
 ALLOC, FREE, TRUNC, FORWARD, STOP = 1, 2, 3, 4, 5
-HEADER = 2048      # int64s sent in the first broadcast: a step of B=32, k=4 needs ~230, so usually one suffices
+HEADER = 512       # int64s in the first broadcast (4 KB): a decode step at B=32, k=4 needs 323, so one suffices
 IDLE = timedelta(days=7)
 
 
