@@ -13,6 +13,7 @@ rank stuck in a collective raises instead of hanging; the engine's watchdog watc
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import torch
@@ -137,6 +138,8 @@ class LeaderRunner:
 # -- processes ---------------------------------------------------------------------------------------------------
 def _init_group(spec: dict) -> tuple[Shard, object]:
     tp = spec["tp"]
+    if tp["init"].startswith("file://") and os.path.exists("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host: never route via the LAN
     dist.init_process_group("gloo", init_method=tp["init"], rank=tp["rank"], world_size=tp["world"],
                             timeout=IDLE)
     backend = "nccl" if spec["device"].startswith("cuda") else "gloo"
