@@ -349,3 +349,10 @@ def test_bad_tp_sizes_fail_before_any_process(tiny_pair, models):
             await engine._start()
         assert engine.procs == []
     asyncio.run(start())
+
+
+def test_ranks_split_their_roles_cores():
+    assert tp_workers.split_cores([4, 5, 6, 7], 2) == [[4, 5], [6, 7]]
+    assert tp_workers.split_cores([1, 2, 3], 2) == [[1], [2, 3]]
+    assert tp_workers.split_cores([3], 2) == [[3], [3]]        # too few: shared
+    assert tp_workers.split_cores([0, 1], 4) == [[0], [1], [0], [1]]

@@ -213,17 +213,25 @@ def rank_device(device: str, rank: int) -> str:
     return f"cuda:{base + rank}"
 
 
-def role_processes(mpc, role: str, main, spec: dict, world: int, cores: list, init: str, timeout_s: float):
+def split_cores(cores: list[int], world: int) -> list[list[int]]:
+    """Rank r's share of a role's cores: disjoint contiguous chunks when there are enough, else one core each,
+    round-robin (ranks then share cores)."""
+    if len(cores) < world:
+        return [[cores[r % len(cores)]] for r in range(world)]
+    bounds = [r * len(cores) // world for r in range(world + 1)]
+    return [cores[bounds[r]:bounds[r + 1]] for r in range(world)]
+
+
+def role_processes(mpc, role: str, main, spec: dict, world: int, cores: list[int], init: str, timeout_s: float):
     """The processes of one role (drafter or verifier): rank 0 first, then the followers. world == 1 is the
-    plain worker; cores[r] is rank r's CPU core."""
+    plain worker on all the role's cores."""
     if world == 1:
-        return [mpc.Process(target=main, name=f"minedraft-{role}", daemon=True,
-                            args=({**spec, "core": cores[0]},))]
+        return [mpc.Process(target=main, name=f"minedraft-{role}", daemon=True, args=({**spec, "cores": cores},))]
     procs = []
-    for r in range(world):
+    for r, rank_cores in enumerate(split_cores(cores, world)):
         tp = {"role": role, "model": "target" if role == "verifier" else "draft", "rank": r, "world": world,
               "init": init, "timeout_s": timeout_s}
-        s = {**spec, "device": rank_device(spec["device"], r), "core": cores[r % len(cores)], "tp": tp}
+        s = {**spec, "device": rank_device(spec["device"], r), "cores": rank_cores, "tp": tp}
         procs.append(mpc.Process(target=leader_main if r == 0 else follower_main, daemon=True,
                                  name=f"minedraft-{role}" + (f"-rank{r}" if r else ""), args=(s,)))
     return procs
