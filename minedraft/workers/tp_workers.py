@@ -2,7 +2,8 @@
 
 Rank 0 runs the usual Drafter/Verifier state machine on a LeaderRunner. Every KV-cache change it makes
 (allocate, free, truncate) is recorded, and each forward call sends the recorded changes plus the forward's
-inputs to the other ranks in one broadcast of a flat int64 tensor (the step description); they replay it on
+inputs to the other ranks as a flat int64 tensor (the step description: one broadcast, two for long
+prefills); they replay it on
 their own ModelRunner, so block tables, lengths and the ragged grouping of the forward are identical on every
 rank and the collectives inside the forward line up. Only rank 0 samples and talks to the scheduler.
 
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from .process import DrafterProcess, VerifierProcess, _Worker
-from .tensor_parallel import Shard, load_sharded, param_bytes
+from .tensor_parallel import Shard, load_sharded
 
 ALLOC, FREE, TRUNC, FORWARD, STOP = 1, 2, 3, 4, 5
 HEADER = 512       # int64s in the first broadcast (4 KB): a decode step at B=32, k=4 needs 323, so one suffices
@@ -159,7 +160,6 @@ class _Leader:
     def load(self, path: str):
         shard, group = _init_group(self.spec)
         runner = _load_shard(self.spec, path, shard)
-        self.param_bytes = param_bytes(runner.model)
         dist.barrier(group=group)      # 'ready' then means every rank holds its shard
         return LeaderRunner(runner, group)
 
