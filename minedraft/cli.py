@@ -102,6 +102,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-cores", type=_cores, default=None, metavar="LIST",
                    help="CPU cores of the verifier, e.g. 1-3 (default: the other half, with the odd core, in "
                         "minedraft mode; all of them in the others)")
+    g.add_argument("--target-tp", type=_positive_int, default=_default("target_tp"), metavar="N",
+                   help="tensor-parallel ranks of the target: N processes, one GPU (from --target-device on) "
+                        "or share of --target-cores each")
+    g.add_argument("--draft-tp", type=_positive_int, default=_default("draft_tp"), metavar="N",
+                   help="tensor-parallel ranks of the draft")
 
 
 def _engine_kw(a) -> dict:
@@ -111,7 +116,8 @@ def _engine_kw(a) -> dict:
         target, draft = resolve_model(a.model)
     return dict(target=target, draft=draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k,
                 max_prompt_tokens=a.max_prompt_tokens, dtype=a.dtype, target_device=a.target_device,
-                draft_device=a.draft_device, draft_cores=a.draft_cores, target_cores=a.target_cores)
+                draft_device=a.draft_device, draft_cores=a.draft_cores, target_cores=a.target_cores,
+                target_tp=a.target_tp, draft_tp=a.draft_tp)
 
 
 def build_parser() -> argparse.ArgumentParser:

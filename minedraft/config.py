@@ -31,6 +31,9 @@ class EngineConfig:
     worker_start_timeout_s: float = 120.0
     draft_cores: list[int] | str | None = None   # CPU cores of the drafter, e.g. [0] or "0-1"; None = default split
     target_cores: list[int] | str | None = None  # of the verifier; see minedraft/cores.py for the default rule
+    target_tp: int = 1               # tensor-parallel ranks of the verifier (one GPU or share of target_cores each)
+    draft_tp: int = 1                # same for the drafter
+    tp_timeout_s: float = 30.0       # a collective that waits longer than this fails the engine
 
     def __post_init__(self):
         self.validate()
@@ -57,6 +60,12 @@ class EngineConfig:
             bad(f"kv_cache_tokens={self.kv_cache_tokens} ({self.kv_cache_tokens // self.block_size} blocks of "
                 f"{self.block_size}) cannot hold even one request of max_prompt_tokens + max_tokens_limit + k + 1 "
                 f"= {need} positions ({need_blocks} blocks); raise it or lower those limits")
+        for name in ("target_tp", "draft_tp"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
+                bad(f"{name} must be an int in 1..64, got {v!r}")
+        if not self.tp_timeout_s > 0:
+            bad(f"tp_timeout_s must be > 0, got {self.tp_timeout_s!r}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             bad(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         for name in ("draft_device", "target_device"):

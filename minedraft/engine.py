@@ -36,7 +36,9 @@ def _resolve_devices(cfg: EngineConfig) -> tuple[str, str]:
     cuda = torch.cuda.is_available()
     n = torch.cuda.device_count() if cuda else 0
     target = cfg.target_device if cfg.target_device != "auto" else ("cuda:0" if cuda else "cpu")
-    draft = cfg.draft_device if cfg.draft_device != "auto" else (f"cuda:{1 if n > 1 else 0}" if cuda else "cpu")
+    # the drafter gets the first GPU past the target's ranks, if there is one; else it shares cuda:0
+    draft = cfg.draft_device if cfg.draft_device != "auto" else (
+        f"cuda:{cfg.target_tp if n >= cfg.target_tp + cfg.draft_tp else 0}" if cuda else "cpu")
     if target.startswith("cuda") != draft.startswith("cuda"):
         raise ValueError("draft and target must both be on CUDA or both on CPU")
     return draft, target
@@ -49,6 +51,9 @@ def _load_tokenizer_and_meta(cfg: EngineConfig):
     tcfg = AutoConfig.from_pretrained(cfg.target, local_files_only=True)
     from .workers.model_runner import load_vocab_map
     dcfg = AutoConfig.from_pretrained(cfg.draft, local_files_only=True)
+    from .workers.tensor_parallel import check_model
+    check_model(tcfg, cfg.target_tp)  # shapes that do not split fail here, before any process starts
+    check_model(dcfg, cfg.draft_tp)
     vmap = load_vocab_map(cfg.draft)  # a reduced-vocabulary draft names the vocabulary it maps into
     dvocab = vmap[1] if vmap else dcfg.vocab_size
     if tcfg.vocab_size != dvocab:
@@ -107,12 +112,16 @@ class Engine:
         self.step_stats = StepStats(k)
         self.scheduler.verdict_listeners.append(self.step_stats)
         mpc = mp.get_context("spawn")
-        self.procs = [
-            mpc.Process(target=drafter_main, name="minedraft-drafter", daemon=True,
-                        args=({**common, "device": draft_dev, "cores": draft_cores},)),
-            mpc.Process(target=verifier_main, name="minedraft-verifier", daemon=True,
-                        args=({**common, "device": target_dev, "cores": target_cores},)),
-        ]
+        from .workers.tp_workers import role_processes  # imports torch.distributed: not at engine import
+        # each role's cores are split among its ranks (shared when there are fewer cores than ranks)
+        draft_procs = role_processes(mpc, "drafter", drafter_main, {**common, "device": draft_dev},
+                                     cfg.draft_tp if k else 1, draft_cores, f"file://{self._tmp}/tp_drafter",
+                                     cfg.tp_timeout_s)
+        verify_procs = role_processes(mpc, "verifier", verifier_main, {**common, "device": target_dev},
+                                      cfg.target_tp, target_cores, f"file://{self._tmp}/tp_verifier",
+                                      cfg.tp_timeout_s)
+        # drafter and verifier (rank 0) first: health() reads them by position
+        self.procs = [draft_procs[0], verify_procs[0], *draft_procs[1:], *verify_procs[1:]]
         for p in self.procs:
             p.start()
         try:

@@ -8,7 +8,10 @@
    CONSTRUCTION and stated in the output: attention and MLP output projections are zeroed (every matmul still
    runs, so the cost is the real one) and each model's head maps token x to perm(x); the draft uses a perm that
    differs from the target's on a chosen share of tokens, so its acceptance is set, not learned.
-3. The benchmark table (autoregressive / sequential SD / minedraft) on those models.
+3. Tensor parallelism: with two or more GPUs (or --cpu-smoke, on CPU cores), the engine with target_tp=2
+   generates greedily and its tokens are compared with the target alone at tp=1 (in process); with one GPU the
+   line says it was skipped and why, and the rest still runs.
+4. The benchmark table (autoregressive / sequential SD / minedraft) on those models.
 """
 
 from __future__ import annotations
@@ -117,6 +120,38 @@ def build_models(root: str, agree: float, device: str = "cuda", size: str = "rea
     return paths["target"], paths["draft"]
 
 
+def tp_check(target: str, draft: str, cpu: bool, prompts: int = 8, max_tokens: int = 32) -> str:
+    """target_tp=2 against tp=1: identical greedy tokens (share of prompts) and the tp=2 engine's tokens/s."""
+    n = torch.cuda.device_count() if not cpu else 0
+    if not cpu and n < 2:
+        return f"target_tp=2: skipped, {n} GPU visible (needs 2)"
+    import asyncio
+    from minedraft.bench import corpus_prompts
+    from minedraft.config import EngineConfig
+    from minedraft.engine import Engine
+    from minedraft.local_engine import LocalEngine
+    from minedraft.sampling_params import SamplingParams
+    from minedraft.workers.tp_workers import rank_device
+
+    texts, dev = corpus_prompts(prompts, seed=7), "cpu" if cpu else "auto"
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    kw = dict(target=target, draft=draft, dtype="bfloat16", k=4, max_prompt_tokens=128,
+              max_tokens_limit=max_tokens, kv_cache_tokens=16384, target_device=dev, draft_device=dev)
+
+    async def run():
+        async with Engine(EngineConfig(**kw, target_tp=2)) as engine:
+            t = time.perf_counter()
+            res = await asyncio.gather(*(engine.generate(p, params) for p in texts))
+            return res, time.perf_counter() - t
+    res, dt = asyncio.run(run())
+    devices = ["cpu", "cpu"] if cpu else [rank_device("cuda:0", r) for r in range(2)]
+    ref = LocalEngine(EngineConfig(**kw, mode="autoregressive")).generate(texts, [params] * len(texts))
+    same = sum(a.token_ids == b.token_ids for a, b in zip(res, ref))
+    toks = sum(len(r.token_ids) for r in res)
+    return (f"target_tp=2 on {', '.join(devices)}: {same}/{len(texts)} greedy outputs identical to tp=1; "
+            f"{toks / dt:.0f} tok/s ({len(texts)} prompts x {max_tokens} tokens, bf16)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--agree", type=float, default=0.8, help="forced per-token draft agreement")
@@ -129,7 +164,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.cpu_smoke:
         device, size = "cpu", "tiny"
-        print(f"torch {torch.__version__}, CPU smoke run (tiny models, no CUDA IPC check)")
+        print(f"torch {torch.__version__}, CPU smoke run (tiny models, no CUDA IPC check), 0 GPU(s)")
     else:
         device, size = "cuda", "real"
         print(f"torch {torch.__version__}, {torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}")
@@ -139,6 +174,7 @@ def main(argv=None) -> int:
     target, draft = build_models(root, a.agree, device, size)
     print(f"built models in {time.time() - t:.0f} s; agreement forced by construction at {a.agree:.0%} per token "
           f"(zeroed residual branches, permutation heads)", flush=True)
+    print(tp_check(target, draft, a.cpu_smoke), flush=True)
     from minedraft.bench import main as bench
     args = ["--target", target, "--draft", draft, "--dtype", "bfloat16", "--repeats", str(a.repeats),
             "--max-tokens", str(a.max_tokens), "--batch", *map(str, a.batch), "--k", *map(str, a.k), "--plot",

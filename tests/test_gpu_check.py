@@ -49,6 +49,8 @@ def test_cpu_smoke_run_reaches_the_table(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
     assert "agreement forced by construction at 80%" in out
+    assert "0 GPU(s)" in out
+    assert "target_tp=2 on cpu, cpu: 8/8 greedy outputs identical to tp=1" in out  # permutation heads: wide margins
     rows = {line.split("  ")[0]: line.split() for line in out.splitlines()
             if line.startswith(("autoregressive", "sequential", "minedraft"))}
     assert set(rows) == {"autoregressive B=8", "sequential k=1 B=8", "minedraft k=1 B=8"}

@@ -100,9 +100,11 @@ class ModelRunner:
         self.lm_head = model.lm_head
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # head counts from the projections: a tensor-parallel shard holds only its own heads (tensor_parallel.py)
+        attn = self.layers[0].self_attn
+        self.num_heads = attn.q_proj.out_features // self.head_dim
+        self.num_kv_heads = attn.k_proj.out_features // self.head_dim
         self.vocab_size = cfg.vocab_size
         self.token_ids = self.in_map = None  # reduced-vocabulary draft: target id -> own id, own id -> target id
         if vocab_map is not None:

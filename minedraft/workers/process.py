@@ -69,6 +69,10 @@ class _Worker:
     def parent_alive(self) -> bool:
         return os.getppid() == self.parent
 
+    def load(self, path: str):
+        """The model runner for path (tensor-parallel workers override this)."""
+        return _load(self.spec, path)
+
     def report(self, msg: dict) -> None:
         self.status.send(pack(msg))
 
@@ -116,7 +120,7 @@ class DrafterProcess(_Worker):
         self.NewRequest = NewRequest
         spec, a = self.spec, self.spec["addr"]
         self.k_max = spec["k"]
-        self.runner = _load(spec, spec["draft"]) if self.k_max else None
+        self.runner = self.load(spec["draft"]) if self.k_max else None
         self.drafter = Drafter(self.runner, self.k_max) if self.runner else None
         self.cmd = self.ctx.socket(zmq.PULL)
         self.cmd.connect(a["cmd"])
@@ -267,7 +271,7 @@ class VerifierProcess(_Worker):
         from .verifier import Verifier
         self.NewRequest = NewRequest
         spec, a = self.spec, self.spec["addr"]
-        self.runner = _load(spec, spec["target"])
+        self.runner = self.load(spec["target"])
         self.verifier = Verifier(self.runner, spec["k"], spec["eos"])
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
