@@ -55,7 +55,7 @@ class AsyncScheduler:
     def __init__(self, config: EngineConfig, tokenizer, vocab_size: int, ctx: zmq.asyncio.Context, addr: dict,
                  trace: bool = False):
         self.config, self.tokenizer, self.vocab_size = config, tokenizer, vocab_size
-        self.k = config.effective_k
+        self.k = config.max_draft  # KV reservations cover the most drafts a row can carry (k + Tetris extra)
         self.block_size = config.block_size
         self.free_blocks = config.kv_cache_tokens // config.block_size
         self.total_blocks = self.free_blocks

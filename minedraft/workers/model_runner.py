@@ -100,7 +100,7 @@ class ModelRunner:
             mask &= key > positions[:, :, None] - self.sliding_window
         mask[:, :, 0] |= ~valid  # pad rows attend to something, so softmax stays finite
         writes = read.gather(1, positions.clamp(max=S - 1))[valid]
-        last = lens_t[:, None] - num_logits + torch.arange(num_logits)[None, :]
+        last = (lens_t[:, None] - num_logits + torch.arange(num_logits)[None, :]).clamp(min=0)
         real = None if bool(valid.all()) else valid.reshape(-1).nonzero().squeeze(1).to(dev)
         return _Plan(ids.to(dev), positions.to(dev), writes.to(dev), real,
                      read.reshape(-1).to(dev), mask[:, None].to(dev), last.to(dev))
@@ -109,16 +109,16 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, seq_ids: list, token_lists: list[list[int]], num_logits: int = 1) -> torch.Tensor:
         """Append token_lists[i] to sequence seq_ids[i]'s cache; return logits [B, num_logits, V] (float32)
-        of each sequence's last num_logits new tokens.
+        of each sequence's last num_logits new tokens, right-aligned: a row with n < num_logits new tokens
+        (ragged Tetris drafts) fills its first num_logits - n places with copies of its first token's logits.
 
         Rows of very different lengths (a long prefill beside decodes) run as separate padded groups so a
         prompt does not make every decode row pay for its length.
         """
         if not seq_ids:
             return torch.empty(0, num_logits, self.vocab_size)
-        for toks in token_lists:
-            if len(toks) < num_logits:
-                raise ValueError("each sequence needs at least num_logits new tokens")
+        if any(not toks for toks in token_lists):
+            raise ValueError("each sequence needs at least one new token")
         order = sorted(range(len(seq_ids)), key=lambda i: len(token_lists[i]))
         out = torch.empty(len(seq_ids), num_logits, self.vocab_size, dtype=torch.float32, device=self.device)
         group: list[int] = []
