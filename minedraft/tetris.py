@@ -27,12 +27,13 @@ def scores(conf: torch.Tensor) -> torch.Tensor:
 
 
 def select(score: torch.Tensor, capacity: int) -> torch.Tensor:
-    """Drafts kept per row [B] (long): the `capacity` best positions of score [B, K], prefixes per row."""
-    B, K = score.shape
+    """Drafts kept per row [..., B] (long): the `capacity` best positions of score [..., B, K] (each leading
+    index is a separate batch), a prefix of each row."""
+    *lead, B, K = score.shape
     if capacity <= 0 or K == 0:
-        return torch.zeros(B, dtype=torch.long, device=score.device)
+        return torch.zeros(*lead, B, dtype=torch.long, device=score.device)
     if capacity >= B * K:
-        return torch.full((B,), K, dtype=torch.long, device=score.device)
-    flat = score.t().reshape(-1)  # position-major: on a tie, the earlier position comes first
-    order = torch.sort(flat, descending=True, stable=True).indices[:capacity]
-    return torch.bincount(order % B, minlength=B)
+        return torch.full((*lead, B), K, dtype=torch.long, device=score.device)
+    flat = score.transpose(-1, -2).reshape(*lead, K * B)  # position-major: ties go to the earlier position
+    order = torch.sort(flat, dim=-1, descending=True, stable=True).indices[..., :capacity]
+    return torch.nn.functional.one_hot(order % B, B).sum(-2)
