@@ -34,8 +34,12 @@ class AdaptiveK:
         self.steps = 0
         self.history: list[int] = []
 
-    def _mix(self, old, new):
-        return new if old is None else (1 - self.ema) * old + self.ema * new
+    def _mix(self, old, new, reset: bool = False):
+        """Running mean. reset (costs): a value off by more than 2x replaces it, a regime change (a cost is
+        observed only while its budget is used, so a slow mean would keep it stale for long)."""
+        if old is None or (reset and not 0.5 <= new / max(old, 1e-12) <= 2.0):
+            return new
+        return (1 - self.ema) * old + self.ema * new
 
     def observe(self, k: int, draft_s: float, verify_s: float, accepted: int, rejections: int,
                 rows: int = 1) -> None:
@@ -45,8 +49,8 @@ class AdaptiveK:
         b = bucket(rows)
         self.rows = rows
         if k > 0:
-            self.t_draft_tok[b] = self._mix(self.t_draft_tok.get(b), draft_s / (k + self.extra))
-        self.t_verify.setdefault(b, {})[k] = self._mix(self.t_verify.get(b, {}).get(k), verify_s)
+            self.t_draft_tok[b] = self._mix(self.t_draft_tok.get(b), draft_s / (k + self.extra), True)
+        self.t_verify.setdefault(b, {})[k] = self._mix(self.t_verify.get(b, {}).get(k), verify_s, True)
         self.gain[k] = self._mix(self.gain.get(k), 1 + accepted / max(rows, 1))
         if accepted + rejections:
             self.alpha = min(0.99, max(0.01, self._mix(self.alpha, accepted / (accepted + rejections))))
