@@ -43,6 +43,7 @@ class EngineStats:
     output_tokens: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    row_steps: int = 0  # (request, verify step) pairs: each scored its drafts plus one token of its own
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     finished: int = 0
@@ -235,6 +236,7 @@ class AsyncScheduler:
                 continue  # aborted meanwhile
             st.draft_tokens += r.num_drafted
             st.accepted_tokens += r.num_accepted
+            st.row_steps += 1
             before = s.stats.output_tokens
             delta = s.on_result(r)
             st.output_tokens += s.stats.output_tokens - before

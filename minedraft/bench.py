@@ -63,7 +63,7 @@ async def run_workload(engine: Engine, prompts, params, rate: float | None, seed
     wall = time.perf_counter() - t0
     after = engine.stats()
     d = {k: after[k] - before[k] for k in ("steps", "output_tokens", "draft_tokens", "accepted_tokens",
-                                             "draft_time_s", "verify_time_s")}
+                                             "verified_tokens", "draft_time_s", "verify_time_s")}
     steps = max(d["steps"], 1)
     td, tv = d["draft_time_s"] / steps, d["verify_time_s"] / steps
     step_time = wall / steps
@@ -75,6 +75,10 @@ async def run_workload(engine: Engine, prompts, params, rate: float | None, seed
         "ttft_p50": _pct([r.stats.ttft_s for r in results], 0.5),
         "accept": d["accepted_tokens"] / d["draft_tokens"] if d["draft_tokens"] else 0.0,
         "mean_len": out_tokens / max(sum(r.stats.steps for r in results), 1),
+        # verifier work: tokens scored per step (drafts + one per request), and the share of them emitted
+        "ver_step": d["verified_tokens"] / steps,
+        "out_ver": ((d["accepted_tokens"] + d["verified_tokens"] - d["draft_tokens"]) / d["verified_tokens"]
+                    if d["verified_tokens"] else 0.0),
         "td_ms": td * 1e3, "tv_ms": tv * 1e3, "step_ms": step_time * 1e3,
         "overlap": max(td, tv) / step_time if step_time else 0.0,
     }, [r.token_ids for r in results]
@@ -116,6 +120,7 @@ def hf_assisted(target: str, draft: str, prompts, max_tokens: int, repeats: int,
 
 COLS = [("tok_s", "tok/s", "{:8.1f}"), ("lat_p50", "lat p50 s", "{:9.3f}"), ("lat_p99", "lat p99 s", "{:9.3f}"),
         ("ttft_p50", "ttft s", "{:7.3f}"), ("accept", "accept", "{:6.2f}"), ("mean_len", "tok/step", "{:8.2f}"),
+        ("ver_step", "ver/step", "{:8.1f}"), ("out_ver", "out/ver", "{:7.2f}"),
         ("td_ms", "Td ms", "{:7.2f}"), ("tv_ms", "Tv ms", "{:7.2f}"), ("step_ms", "step ms", "{:7.2f}"),
         ("overlap", "overlap", "{:7.2f}"), ("same", "same", "{:5.2f}")]
 
@@ -135,8 +140,11 @@ async def _bench(args) -> list[tuple[str, dict]]:
     rates = args.rate or [None]
     points = [(k, b, r) for k in ks for b in batches for r in rates]
     modes = [m for m in MODES if m in args.modes]  # target-alone first: it is the reference for "same"
-    per_mode = {"autoregressive": len({(b, r) for _, b, r in points}), "sequential": len(points),
-                "minedraft": len(points) + (len({(b, r) for _, b, r in points}) if args.adaptive else 0)}
+    workloads = len({(b, r) for _, b, r in points})
+    tetris = {"off": [False], "on": [True], "both": [False, True]}[args.tetris]
+    md_variants = [(a, t) for t in tetris for a in ([False, True] if args.adaptive else [False])]
+    per_mode = {"autoregressive": workloads, "sequential": len(points),
+                "minedraft": sum(workloads if a else len(points) for a, _ in md_variants)}
     n_runs = sum(per_mode[m] for m in modes) * args.repeats
     if args.hf:
         n_runs += args.repeats
@@ -147,15 +155,18 @@ async def _bench(args) -> list[tuple[str, dict]]:
     reference: dict = {}
     check = args.temperature == 0 and "autoregressive" in modes
     for mode in modes:
-        variants = [False, True] if (mode == "minedraft" and args.adaptive) else [False]
-        for adaptive in variants:
+        variants = md_variants if mode == "minedraft" else [(False, False)]
+        for adaptive, tet in variants:
             cfg = EngineConfig(target=args.target, draft=args.draft, mode=mode, k=max(ks), adaptive_k=adaptive,
+                               tetris=tet, tetris_extra=args.tetris_extra, tetris_capacity=args.tetris_capacity,
                                max_batch_size=max(batches), max_tokens_limit=max(args.max_tokens, 16),
                                kv_cache_tokens=args.kv_cache_tokens, dtype=args.dtype)
-            want_trace = bool(args.trace or args.plot) and mode == "minedraft" and not adaptive
+            want_trace = bool(args.trace or args.plot) and mode == "minedraft" and not adaptive and not tet
             async with Engine(cfg, trace=want_trace) as engine:
+                # unseeded by default: seeded sampled requests take the coupled path (batch_sampling), whose
+                # acceptance is lower than rejection sampling's
                 params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True,
-                                        seed=0 if args.temperature else None)
+                                        seed=args.seed)
                 await run_workload(engine, corpus_prompts(2, 99), params, None)  # warm-up
                 seen: set = set()
                 for k, b, r in points:
@@ -180,7 +191,7 @@ async def _bench(args) -> list[tuple[str, dict]]:
                         if want_trace and trace_events is None and k == ks[-1] and b == batches[-1]:
                             trace_events = list(engine.scheduler.stats.trace)
                         bar.update(1)
-                    name = mode + (" (adaptive k)" if adaptive else "")
+                    name = mode + (" tetris" if tet else "") + (" (adaptive k)" if adaptive else "")
                     tag = ("" if mode == "autoregressive" else f" k={'auto' if adaptive else k}") + f" B={b}"
                     tag += f" rate={r:g}/s" if r else ""
                     m = _median(runs)
@@ -229,6 +240,8 @@ def ratios(rows: list[tuple[str, dict]]) -> list[str]:
                 parts.append(f"{m['tok_s'] / seq[_k(n)]['tok_s']:.2f}x sequential SD at the same k")
             if (n.startswith("minedraft") or n.startswith("hf")) and best_seq:
                 parts.append(f"{m['tok_s'] / best_seq[1]['tok_s']:.2f}x best sequential SD (k={best_seq[0]})")
+            if n.startswith("minedraft tetris k=") and _k(n) in md:
+                parts.append(f"{m['tok_s'] / md[_k(n)]['tok_s']:.2f}x plain minedraft at the same k")
             if "adaptive" in n and best_md:
                 parts.append(f"{m['tok_s'] / best_md[1]['tok_s']:.2f}x best fixed-k minedraft (k={best_md[0]})")
             if ar and not n.startswith("autoregressive"):
@@ -252,7 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default: 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     p.add_argument("--repeats", type=int, default=3, help="runs per setting; medians are reported (default: 3)")
-    p.add_argument("--adaptive", action="store_true", help="also run minedraft with adaptive k")
+    p.add_argument("--adaptive", "--dynamic", action="store_true", dest="adaptive",
+                   help="also run minedraft with dynamic speculation (adaptive k, 0 included)")
+    p.add_argument("--tetris", choices=("off", "on", "both"), default="off",
+                   help="minedraft rows without Tetris, with it, or both (default: off)")
+    p.add_argument("--tetris-extra", type=int, default=2, help="Tetris: extra drafts per request (default: 2)")
+    p.add_argument("--tetris-capacity", type=int, default=None,
+                   help="Tetris: draft tokens verified per step (default: k x requests in the batch)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed every sampled request (coupled sampling; default: unseeded)")
     p.add_argument("--hf", action="store_true", help="also run transformers' assisted generation (batch 1)")
     p.add_argument("--hf-prompts", type=int, default=8, help="prompts for the HF assisted run (default: 8)")
     p.add_argument("--kv-cache-tokens", type=int, default=65536, help="KV cache positions per model")

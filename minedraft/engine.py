@@ -241,7 +241,7 @@ class Engine:
         st = s.stats
         return {"mode": self.config.mode, "k": self.config.effective_k, "steps": st.steps,
                 "output_tokens": st.output_tokens, "draft_tokens": st.draft_tokens,
-                "accepted_tokens": st.accepted_tokens,
+                "accepted_tokens": st.accepted_tokens, "verified_tokens": st.draft_tokens + st.row_steps,
                 "acceptance_rate": st.accepted_tokens / st.draft_tokens if st.draft_tokens else 0.0,
                 "draft_time_s": st.draft_time_s, "verify_time_s": st.verify_time_s,
                 "running": len(s.running), "waiting": len(s.waiting), "finished": st.finished,
