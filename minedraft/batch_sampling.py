@@ -39,18 +39,20 @@ class RowParams:
     any_coupled: bool
     any_top_k: bool
     any_top_p: bool
+    any_plain: bool  # sampled rows without a seed: rejection sampling
 
     @classmethod
     def of(cls, params: list[SamplingParams], seeds: list[int], device="cpu") -> "RowParams":
         greedy = [p.greedy for p in params]
         coupled = [not p.greedy and p.seed is not None for p in params]
+        plain = [not p.greedy and p.seed is None for p in params]
         top_k = [0 if p.greedy else p.top_k for p in params]
         top_p = [1.0 if p.greedy else p.top_p for p in params]
         t = lambda xs, dt: torch.tensor(xs, dtype=dt, device=device)  # noqa: E731
         return cls(t(greedy, torch.bool), t(coupled, torch.bool),
                    t([1.0 if p.greedy else p.temperature for p in params], torch.float32),
                    t(top_k, torch.long), t(top_p, torch.float32), t(seeds, torch.long),
-                   any(greedy), not all(greedy), any(coupled), any(top_k), any(x < 1.0 for x in top_p))
+                   any(greedy), not all(greedy), any(coupled), any(top_k), any(x < 1.0 for x in top_p), any(plain))
 
 
 def process_batch(logits: torch.Tensor, rp: RowParams) -> torch.Tensor:
@@ -82,9 +84,9 @@ def categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     A token of probability 0 is never returned (the rounding edge u * total == total included)."""
     cdf = probs.double().cumsum(-1)
     t = (u.double() * cdf[:, -1])[:, None]
-    idx = torch.searchsorted(cdf, t, right=True).squeeze(-1)
-    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)
-    return torch.minimum(idx, last)
+    idx = torch.searchsorted(cdf, t, right=True)
+    last = torch.searchsorted(cdf, cdf[:, -1:].contiguous(), right=False)  # the last token with mass (cdf is flat after it)
+    return torch.minimum(idx, last).squeeze(-1)
 
 
 def _coupled_choice(probs: torch.Tensor, rp: RowParams, pos: torch.Tensor) -> torch.Tensor:
@@ -107,8 +109,8 @@ def sample_draft_step(logits: torch.Tensor, rp: RowParams, pos: torch.Tensor, dr
     conf = torch.log(q.max(-1).values)
     if rp.any_greedy:  # a greedy row's q is a one-hot: rank it by the raw softmax instead
         conf = torch.where(rp.greedy, torch.log_softmax(logits.float(), -1).max(-1).values, conf)
-    plain = ~rp.greedy & ~rp.coupled
-    if bool(plain.any()):
+    if rp.any_plain:
+        plain = ~rp.greedy & ~rp.coupled
         tokens = torch.where(plain, categorical(q, rng.uniform(rp.seed, rng.DRAFT, pos, draw)), tokens)
     if rp.any_coupled:
         tokens[rp.coupled] = _coupled_choice(q[:, None], rp, pos[:, None])[:, 0]
@@ -125,17 +127,24 @@ def verify_batch(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tenso
     B, T, V = logits.shape
     K = T - 1
     dev = logits.device
-    p = process_batch(logits, rp)
     j = torch.arange(T, device=dev)
     pos = pos0[:, None] + j[None, :]
     match_rows = rp.greedy | rp.coupled
-    choice = logits.argmax(-1)                                  # greedy rows' target token [B, T]
+    full = rp.any_top_k or rp.any_top_p or rp.any_coupled
+    # without top-k/top-p the processed p is softmax(logits / t): p(draft) needs only a logsumexp per
+    # position and a full distribution at one position per row, not p over all [B, K+1, V]
+    p = process_batch(logits, rp) if full else None
+    x = None if full else logits.float() / rp.temperature[:, None, None]
+    choice = logits.argmax(-1) if rp.any_greedy else torch.zeros(B, T, dtype=torch.long, device=dev)
     if rp.any_coupled:
         choice[rp.coupled] = _coupled_choice(p, rp, pos)
     if K:
         acc = drafts == choice[:, :K]
-        if q is not None and bool((~match_rows).any()):
-            pd = p[:, :K].gather(-1, drafts[..., None]).squeeze(-1)
+        if q is not None and rp.any_plain:
+            if full:
+                pd = p[:, :K].gather(-1, drafts[..., None]).squeeze(-1)
+            else:
+                pd = torch.exp(x[:, :K].gather(-1, drafts[..., None]).squeeze(-1) - torch.logsumexp(x[:, :K], -1))
             qd = q.gather(-1, drafts[..., None]).squeeze(-1)
             u = rng.uniform(rp.seed[:, None], rng.ACCEPT, pos[:, :K])
             acc = torch.where(match_rows[:, None], acc, u < (pd / qd).double())
@@ -144,8 +153,9 @@ def verify_batch(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tenso
     else:
         n = torch.zeros(B, dtype=torch.long, device=dev)
     token = choice.gather(1, n[:, None]).squeeze(1)
-    if rp.any_sampled and not bool(match_rows.all()):
-        pn = p.gather(1, n[:, None, None].expand(B, 1, V)).squeeze(1)
+    if rp.any_plain:
+        at_n = n[:, None, None].expand(B, 1, V)
+        pn = (p.gather(1, at_n) if full else torch.softmax(x.gather(1, at_n), -1)).squeeze(1)
         dist = pn
         if q is not None and K:
             rejected = (n < counts)[:, None]
