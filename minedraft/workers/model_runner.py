@@ -123,7 +123,9 @@ class ModelRunner:
         out = torch.empty(len(seq_ids), num_logits, self.vocab_size, dtype=torch.float32, device=self.device)
         group: list[int] = []
         for i in order + [None]:
-            if i is not None and (not group or len(token_lists[i]) <= 2 * len(token_lists[group[0]]) + 4):
+            # short rows (decodes, ragged drafts) always share a group: with token-wise work packed, their
+            # padding costs only attention; a long prefill goes apart so decode rows do not pay for it
+            if i is not None and (not group or len(token_lists[i]) <= max(2 * len(token_lists[group[0]]) + 4, 16)):
                 group.append(i)
                 continue
             out[group] = self._forward_group([seq_ids[j] for j in group], [token_lists[j] for j in group],
