@@ -143,7 +143,7 @@ async def _bench(args) -> list[tuple[str, dict]]:
     workloads = len({(b, r) for _, b, r in points})
     tetris = {"off": [False], "on": [True], "both": [False, True]}[args.tetris]
     md_variants = [(a, t) for t in tetris for a in ([False, True] if args.adaptive else [False])]
-    per_mode = {"autoregressive": workloads, "sequential": len(points),
+    per_mode = {"autoregressive": workloads, "sequential": len(points) * len(tetris),
                 "minedraft": sum(workloads if a else len(points) for a, _ in md_variants)}
     n_runs = sum(per_mode[m] for m in modes) * args.repeats
     if args.hf:
@@ -155,7 +155,7 @@ async def _bench(args) -> list[tuple[str, dict]]:
     reference: dict = {}
     check = args.temperature == 0 and "autoregressive" in modes
     for mode in modes:
-        variants = md_variants if mode == "minedraft" else [(False, False)]
+        variants = {"minedraft": md_variants, "sequential": [(False, t) for t in tetris]}.get(mode, [(False, False)])
         for adaptive, tet in variants:
             cfg = EngineConfig(target=args.target, draft=args.draft, mode=mode, k=max(ks), adaptive_k=adaptive,
                                tetris=tet, tetris_extra=args.tetris_extra, tetris_capacity=args.tetris_capacity,
@@ -229,7 +229,7 @@ def ratios(rows: list[tuple[str, dict]]) -> list[str]:
     for g in dict.fromkeys(_group(n) for n, _ in rows if _group(n)):
         grp = [(n, m) for n, m in rows if _group(n) == g]
         ar = next((m for n, m in grp if n.startswith("autoregressive")), None)
-        seq = {_k(n): m for n, m in grp if n.startswith("sequential")}
+        seq = {_k(n): m for n, m in grp if n.startswith("sequential k=")}
         md = {_k(n): m for n, m in grp if n.startswith("minedraft k=")}
         best_seq = max(seq.items(), key=lambda x: x[1]["tok_s"]) if seq else None
         best_md = max(md.items(), key=lambda x: x[1]["tok_s"]) if md else None
@@ -242,6 +242,8 @@ def ratios(rows: list[tuple[str, dict]]) -> list[str]:
                 parts.append(f"{m['tok_s'] / best_seq[1]['tok_s']:.2f}x best sequential SD (k={best_seq[0]})")
             if n.startswith("minedraft tetris k=") and _k(n) in md:
                 parts.append(f"{m['tok_s'] / md[_k(n)]['tok_s']:.2f}x plain minedraft at the same k")
+            if n.startswith("sequential tetris k=") and _k(n) in seq:
+                parts.append(f"{m['tok_s'] / seq[_k(n)]['tok_s']:.2f}x plain sequential SD at the same k")
             if "adaptive" in n and best_md:
                 parts.append(f"{m['tok_s'] / best_md[1]['tok_s']:.2f}x best fixed-k minedraft (k={best_md[0]})")
             if ar and not n.startswith("autoregressive"):
@@ -268,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--adaptive", "--dynamic", action="store_true", dest="adaptive",
                    help="also run minedraft with dynamic speculation (adaptive k, 0 included)")
     p.add_argument("--tetris", choices=("off", "on", "both"), default="off",
-                   help="minedraft rows without Tetris, with it, or both (default: off)")
+                   help="sequential and minedraft rows without Tetris, with it, or both (default: off)")
     p.add_argument("--tetris-extra", type=int, default=2, help="Tetris: extra drafts per request (default: 2)")
     p.add_argument("--tetris-capacity", type=int, default=None,
                    help="Tetris: draft tokens verified per step (default: k x requests in the batch)")

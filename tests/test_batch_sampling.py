@@ -204,3 +204,40 @@ def test_coupled_row_output_does_not_depend_on_its_draft_count():
             out = torch.stack(toks, 1)[0, :n[0]].tolist() + [tok[0]]
             firsts[c].append(out[0])
     assert firsts[0] == firsts[1] == firsts[3]
+
+
+# -- fuzz: ragged batches of every row kind, extreme logits --------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(V=st.integers(2, 30), K=st.integers(0, 4), B=st.integers(1, 6), seed=st.integers(0, 2**31),
+       scale=st.sampled_from([0.01, 1.0, 30.0]), kinds=st.lists(st.integers(0, 3), min_size=6, max_size=6))
+def test_verify_batch_tokens_are_possible_and_greedy_rows_exact(V, K, B, seed, scale, kinds):
+    g = torch.Generator().manual_seed(seed)
+    menu = [GREEDY, SamplingParams(temperature=1.0), SamplingParams(temperature=0.5, top_k=3, top_p=0.6),
+            SamplingParams(temperature=2.0, seed=seed)]
+    plist = [menu[kinds[b]] for b in range(B)]
+    rp = RowParams.of(plist, [seed + b for b in range(B)])
+    logits = torch.randn(B, K + 1, V, generator=g) * scale
+    pos = torch.randint(0, 500, (B,), generator=g)
+    toks, qs = [], []
+    for i in range(K):
+        t, q, conf = sample_draft_step(torch.randn(B, V, generator=g) * scale, rp, pos + i,
+                                       torch.zeros(B, dtype=torch.long))
+        assert bool((conf <= 1e-6).all())
+        toks.append(t)
+        qs.append(q)
+    drafts = torch.stack(toks, 1) if K else torch.zeros(B, 0, dtype=torch.long)
+    q = torch.stack(qs, 1) if K and qs[0] is not None else None
+    counts = torch.randint(0, K + 1, (B,), generator=g)
+    n, tok = verify_batch(logits, drafts, counts, q, rp, pos)
+    p = process_batch(logits, rp)
+    for b in range(B):
+        c = int(counts[b])
+        assert 0 <= n[b] <= c and 0 <= tok[b] < V
+        assert p[b, n[b], tok[b]] > 0
+        assert all(p[b, i, drafts[b, i]] > 0 for i in range(n[b]))
+        if plist[b].greedy:
+            assert (n[b], tok[b]) == accept(drafts[b, :c].tolist(), None, logits[b, :c + 1], GREEDY, None)

@@ -205,3 +205,20 @@ async def test_pipeline_seeded_output_ignores_batch_with_tetris_and_dynamic_k(ti
         crowd = await asyncio.gather(engine.generate(prompt, _seeded(77, 24)), *others)
     ar = LocalEngine(_cfg(tiny_pair, mode="autoregressive"))
     assert alone == crowd[0].token_ids == ar.generate([prompt], [_seeded(77, 24)])[0].token_ids
+
+
+def test_draft_slots_carry_ragged_rows():
+    """The shared-memory slot round-trips per-row counts, padded tokens and q (what the verifier reads)."""
+    from minedraft.ipc.tensors import DraftSlots, create_shm, destroy_shm, slot_nbytes
+    segs = create_shm(2, slot_nbytes(4, 5, 7))
+    try:
+        slots = DraftSlots.attach_shm([s.name for s in segs])
+        drafts = [[1, 2, 3, 4, 5], [], [6], [0, 6]]
+        q = torch.rand(4, 5, 7)
+        desc = slots.write(1, drafts, q)
+        got, got_q = slots.read(desc)
+        assert got == drafts and torch.equal(got_q, q)
+        assert slots.read(slots.write(0, [[], []], None)) == ([[], []], None)
+        slots.close()
+    finally:
+        destroy_shm(segs)
