@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import os
 import shutil
 import tempfile
 import time
@@ -21,10 +20,12 @@ import zmq.asyncio
 
 from .async_scheduler import AsyncScheduler
 from .config import EngineConfig
+from .cores import resolve as resolve_cores
 from .errors import EngineDeadError
 from .ipc.tensors import create_shm, destroy_shm, slot_nbytes
 from .outputs import GenerationResult, StreamDelta
 from .sampling_params import SamplingParams
+from .step_stats import StepStats
 from .workers.process import drafter_main, verifier_main
 
 WATCH_S = 0.1
@@ -46,9 +47,12 @@ def _load_tokenizer_and_meta(cfg: EngineConfig):
     from .local_engine import eos_ids
     tok = AutoTokenizer.from_pretrained(cfg.target, local_files_only=True)
     tcfg = AutoConfig.from_pretrained(cfg.target, local_files_only=True)
+    from .workers.model_runner import load_vocab_map
     dcfg = AutoConfig.from_pretrained(cfg.draft, local_files_only=True)
-    if tcfg.vocab_size != dcfg.vocab_size:
-        raise ValueError(f"draft vocab {dcfg.vocab_size} != target vocab {tcfg.vocab_size}: "
+    vmap = load_vocab_map(cfg.draft)  # a reduced-vocabulary draft names the vocabulary it maps into
+    dvocab = vmap[1] if vmap else dcfg.vocab_size
+    if tcfg.vocab_size != dvocab:
+        raise ValueError(f"draft vocab {dvocab} != target vocab {tcfg.vocab_size}: "
                          "the pair must share a tokenizer")
     return tok, tcfg.vocab_size, eos_ids(tcfg, tok)
 
@@ -66,6 +70,7 @@ class Engine:
         self._closed = False
         self.tokenizer = None
         self.adaptive = None
+        self.step_stats: StepStats | None = None
 
     @classmethod
     async def start(cls, config: EngineConfig | None = None, **kw) -> "Engine":
@@ -92,7 +97,7 @@ class Engine:
         nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab)
         if not draft_dev.startswith("cuda"):
             self._shm = create_shm(2, nbytes)
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
+        draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.mode)
         common = {"addr": addr, "k": k, "mode": cfg.mode, "kv_cache_tokens": cfg.kv_cache_tokens,
                   "block_size": cfg.block_size, "dtype": cfg.dtype, "shm": [s.name for s in self._shm],
                   "slot_nbytes": nbytes, "eos": eos, "target": cfg.target, "draft": cfg.draft,
@@ -100,12 +105,14 @@ class Engine:
                   "tetris": bool(cfg.tetris and k), "extra": cfg.max_draft - k, "capacity": cfg.tetris_capacity}
         self._ctx = zmq.asyncio.Context()
         self.scheduler = AsyncScheduler(cfg, self.tokenizer, vocab, self._ctx, addr, self._trace)
+        self.step_stats = StepStats(k)
+        self.scheduler.verdict_listeners.append(self.step_stats)
         mpc = mp.get_context("spawn")
         self.procs = [
             mpc.Process(target=drafter_main, name="minedraft-drafter", daemon=True,
-                        args=({**common, "device": draft_dev, "core": cores[0]},)),
+                        args=({**common, "device": draft_dev, "cores": draft_cores},)),
             mpc.Process(target=verifier_main, name="minedraft-verifier", daemon=True,
-                        args=({**common, "device": target_dev, "core": cores[-1]},)),
+                        args=({**common, "device": target_dev, "cores": target_cores},)),
         ]
         for p in self.procs:
             p.start()
@@ -229,12 +236,43 @@ class Engine:
             await follow.aclose()
         return state.result()
 
+    def _chat_request(self, messages, params) -> tuple[list[int], SamplingParams]:
+        from .chat import chat_params, chat_prompt_ids, end_of_turn_id
+        if self.tokenizer is None:
+            raise EngineDeadError("engine not started")
+        if not hasattr(self, "_eot"):  # read from the template once, on the first chat
+            self._eot = end_of_turn_id(self.tokenizer)
+        ids = chat_prompt_ids(self.tokenizer, messages, max_chars=16 * self.config.max_prompt_tokens)
+        return ids, chat_params(params, self._eot)
+
+    async def chat(self, messages, params: SamplingParams | dict | None = None,
+                   request_id: str | None = None) -> GenerationResult:
+        """Answer OpenAI-style messages ([{"role", "content"}]) through the target's chat template; stops at the
+        template's end-of-turn token too (chat.end_of_turn_id)."""
+        ids, params = self._chat_request(messages, params)
+        return await self.generate(ids, params, request_id)
+
+    async def stream_chat(self, messages, params: SamplingParams | dict | None = None,
+                          request_id: str | None = None) -> AsyncIterator[StreamDelta]:
+        """stream() for chat messages; leaving early aborts the request like stream()."""
+        ids, params = self._chat_request(messages, params)
+        inner = self.stream(ids, params, request_id)
+        try:
+            async for delta in inner:
+                yield delta
+        finally:
+            await inner.aclose()
+
     async def abort(self, request_id: str) -> bool:
         return bool(self.scheduler) and self.scheduler.abort(request_id)
 
     async def kv_usage(self) -> dict:
         """What the drafter's and verifier's KV caches hold now (sequences, used blocks)."""
         return await self.scheduler.probe()
+
+    async def placement(self) -> dict:
+        """Where each worker runs: {"drafter": {"cores": [...], "threads": n}, "verifier": {...}}."""
+        return await self.scheduler.probe(keep=("cores", "threads"))
 
     def stats(self) -> dict:
         s = self.scheduler
@@ -246,7 +284,10 @@ class Engine:
                 "draft_time_s": st.draft_time_s, "verify_time_s": st.verify_time_s,
                 "running": len(s.running), "waiting": len(s.waiting), "finished": st.finished,
                 "aborted": st.aborted, "failed": st.failed,
-                "kv_blocks_free": s.free_blocks, "kv_blocks_total": s.total_blocks}
+                "kv_blocks_free": s.free_blocks, "kv_blocks_total": s.total_blocks,
+                # per draft position i: drafts proposed there, and how many were accepted (step_stats.py)
+                "drafted_by_position": list(self.step_stats.drafted_by_pos),
+                "accepted_by_position": list(self.step_stats.accepted_by_pos)}
 
     def health(self) -> dict:
         alive = [p.exitcode is None for p in self.procs]

@@ -85,6 +85,8 @@ class DraftSlots:
         B = len(drafts)
         counts = [len(d) for d in drafts]
         k = max(counts, default=0)
+        if not k:  # no drafts (autoregressive, k = 0): nothing to store; skipping the slot saves tensor calls
+            return {"slot": slot, "B": B, "k": 0, "V": 0}
         self._view(slot, 0, torch.int64, (B,)).copy_(torch.tensor(counts, dtype=torch.int64))
         tok = self._view(slot, B * 8, torch.int64, (B, k))
         tok.copy_(torch.tensor([d + [0] * (k - len(d)) for d in drafts], dtype=torch.int64).view(B, k))
@@ -99,6 +101,8 @@ class DraftSlots:
 
     def read(self, desc: dict) -> tuple[list[list[int]], torch.Tensor | None]:
         B, k, V, slot = desc["B"], desc["k"], desc["V"], desc["slot"]
+        if not k:
+            return [[] for _ in range(B)], None
         counts = self._view(slot, 0, torch.int64, (B,)).tolist()
         rows = self._view(slot, B * 8, torch.int64, (B, k)).tolist()
         drafts = [r[:c] for r, c in zip(rows, counts)]

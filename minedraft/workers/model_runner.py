@@ -7,6 +7,8 @@ paged cache. That covers the Llama family (Llama, Mistral, Qwen2, Qwen3: same bl
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +30,25 @@ except ImportError:  # pragma: no cover
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 SUPPORTED = {"llama", "mistral", "qwen2", "qwen3"}
+VOCAB_MAP_FILE = "draft_vocab.json"  # a draft whose vocabulary is a subset of its target's (see load_vocab_map)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def layer_windows(cfg) -> list[int | None]:
+    """The sliding window of each layer (None = full attention), decided the way transformers decides it:
+    Mistral windows every layer when `sliding_window` is set; Qwen2/Qwen3 read `config.layer_types`, which their
+    configs derive from `use_sliding_window` and `max_window_layers` (layers from max_window_layers on slide)."""
+    n = cfg.num_hidden_layers
+    window = getattr(cfg, "sliding_window", None)
+    if not window or getattr(cfg, "use_sliding_window", True) is False:
+        return [None] * n
+    types = getattr(cfg, "layer_types", None)
+    if cfg.model_type == "mistral" or types is None:
+        return [window] * n
+    unknown = set(types) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ValueError(f"attention layer types {sorted(unknown)} are not supported")
+    return [window if t == "sliding_attention" else None for t in types]
 
 
 def load_causal_lm(path: str, device="cpu", dtype="float32"):
@@ -42,6 +62,22 @@ def load_causal_lm(path: str, device="cpu", dtype="float32"):
     return model.to(device).eval()
 
 
+def load_vocab_map(path: str) -> tuple[list[int], int] | None:
+    """A reduced-vocabulary draft carries draft_vocab.json: {"target_vocab_size": V, "token_ids": [...]}. Its row i
+    is target token token_ids[i]; its last row stands for every other token (inputs only, never proposed). Its
+    probability outside token_ids is exactly zero, so rejection sampling stays lossless: the verifier's residual
+    max(0, p - q) simply keeps p there."""
+    f = os.path.join(path, VOCAB_MAP_FILE)
+    if not os.path.exists(f):
+        return None
+    with open(f) as fh:
+        m = json.load(fh)
+    ids, V = [int(t) for t in m["token_ids"]], int(m["target_vocab_size"])
+    if len(set(ids)) != len(ids) or not all(0 <= t < V for t in ids):
+        raise ValueError(f"{f}: token_ids must be distinct ids below target_vocab_size={V}")
+    return ids, V
+
+
 @dataclass
 class _Plan:
     """Index tensors for one padded forward over a group of sequences."""
@@ -50,12 +86,12 @@ class _Plan:
     write_slots: torch.Tensor   # [N] flat cache index of each real (non-pad) input token
     real_rows: torch.Tensor | None  # [N] index into the flattened [B*T] tokens of the real ones; None = all
     read_slots: torch.Tensor    # [B*S] flat cache index of each key position (0 past the end), row-major
-    mask: torch.Tensor          # [B, 1, T, S] bool, True = may attend
+    masks: list[torch.Tensor]   # per layer [B, 1, T, S] bool, True = may attend (layers share equal ones)
     last_index: torch.Tensor    # [B, n] index into T of the last n real tokens per row
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache_tokens: int, block_size: int = 16):
+    def __init__(self, model, kv_cache_tokens: int, block_size: int = 16, vocab_map=None):
         self.model = model
         cfg = model.config
         self.config = cfg
@@ -68,15 +104,22 @@ class ModelRunner:
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.vocab_size = cfg.vocab_size
-        window = getattr(cfg, "sliding_window", None)
-        self.sliding_window = window if window and getattr(cfg, "use_sliding_window", True) else None
+        self.token_ids = self.in_map = None  # reduced-vocabulary draft: target id -> own id, own id -> target id
+        if vocab_map is not None:
+            ids, self.vocab_size = vocab_map
+            if len(ids) + 1 != cfg.vocab_size:
+                raise ValueError(f"draft_vocab.json lists {len(ids)} tokens; the model needs {cfg.vocab_size - 1}")
+            self.in_map = torch.full((self.vocab_size,), len(ids), dtype=torch.long)
+            self.in_map[torch.tensor(ids)] = torch.arange(len(ids))
+            self.token_ids = torch.tensor(ids, device=self.device)
+        self.layer_windows = layer_windows(cfg)
         self.cache = PagedKVCache(cfg.num_hidden_layers, self.num_kv_heads, self.head_dim, kv_cache_tokens,
                                   block_size, self.dtype, self.device)
 
     @classmethod
     def from_pretrained(cls, path: str, kv_cache_tokens: int, block_size: int = 16, device="cpu",
                         dtype="float32") -> "ModelRunner":
-        return cls(load_causal_lm(path, device, dtype), kv_cache_tokens, block_size)
+        return cls(load_causal_lm(path, device, dtype), kv_cache_tokens, block_size, load_vocab_map(path))
 
     # -- planning ----------------------------------------------------------------------------------
     def _plan(self, seq_ids, token_lists, num_logits: int) -> _Plan:
@@ -86,24 +129,30 @@ class ModelRunner:
         B, T = len(seq_ids), max(lens)
         totals = [s + n for s, n in zip(starts, lens)]
         S = max(totals)
-        ids = torch.zeros(B, T, dtype=torch.long)
-        for b, toks in enumerate(token_lists):
-            ids[b, :lens[b]] = torch.tensor(toks, dtype=torch.long)
+        ids = torch.tensor([t if n == T else list(t) + [0] * (T - n) for t, n in zip(token_lists, lens)],
+                           dtype=torch.long)  # one tensor call, not one per row: planning runs every step
+        if self.in_map is not None:
+            ids = self.in_map[ids]
         read = cache.batch_slots(seq_ids, totals)
         t = torch.arange(T)
         starts_t, lens_t, totals_t = (torch.tensor(x) for x in (starts, lens, totals))
         positions = starts_t[:, None] + t[None, :]
         valid = t[None, :] < lens_t[:, None]
         key = torch.arange(S)[None, None, :]
-        mask = (key <= positions[:, :, None]) & (key < totals_t[:, None, None])
-        if self.sliding_window:
-            mask &= key > positions[:, :, None] - self.sliding_window
-        mask[:, :, 0] |= ~valid  # pad rows attend to something, so softmax stays finite
+        causal = (key <= positions[:, :, None]) & (key < totals_t[:, None, None])
+        causal[:, :, 0] |= ~valid  # pad rows attend to something, so softmax stays finite
+        by_window = {}
+        for w in dict.fromkeys(self.layer_windows):  # one mask per distinct window, shared by its layers
+            m = causal
+            if w:
+                m = causal & (key > positions[:, :, None] - w)
+                m[:, :, 0] |= ~valid
+            by_window[w] = m[:, None].to(dev)
         writes = read.gather(1, positions.clamp(max=S - 1))[valid]
         last = (lens_t[:, None] - num_logits + torch.arange(num_logits)[None, :]).clamp(min=0)
         real = None if bool(valid.all()) else valid.reshape(-1).nonzero().squeeze(1).to(dev)
         return _Plan(ids.to(dev), positions.to(dev), writes.to(dev), real,
-                     read.reshape(-1).to(dev), mask[:, None].to(dev), last.to(dev))
+                     read.reshape(-1).to(dev), [by_window[w] for w in self.layer_windows], last.to(dev))
 
     # -- forward -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -146,7 +195,7 @@ class ModelRunner:
         N = ids.shape[0]
         h = self.embed(ids)[None]                        # [1, N, H]
         cos, sin = self.rotary(h, pos[None])
-        S = p.mask.shape[-1]
+        S = p.masks[0].shape[-1]
 
         def padded(x):  # [N, heads, D] -> [B, heads, T, D], pad tokens zero
             if real is None:
@@ -168,7 +217,7 @@ class ModelRunner:
             # index_select on dim 0 copies whole rows: several times faster on CPU than advanced indexing
             keys = kc.index_select(0, p.read_slots).view(B, S, -1, self.head_dim).transpose(1, 2)  # [B,Hkv,S,D]
             vals = vc.index_select(0, p.read_slots).view(B, S, -1, self.head_dim).transpose(1, 2)
-            o = F.scaled_dot_product_attention(padded(q[0].transpose(0, 1)), keys, vals, attn_mask=p.mask,
+            o = F.scaled_dot_product_attention(padded(q[0].transpose(0, 1)), keys, vals, attn_mask=p.masks[li],
                                                scale=attn.scaling, enable_gqa=self.num_kv_heads != self.num_heads)
             o = o.transpose(1, 2).reshape(B * T, -1)
             if real is not None:
@@ -182,4 +231,8 @@ class ModelRunner:
             packed = torch.full((B * T,), -1, dtype=torch.long, device=self.device)
             flat = packed.index_copy_(0, real, torch.arange(N, device=self.device))[flat]
         h = self.norm(h[0].index_select(0, flat)).view(B, -1, h.shape[-1])  # [B, n, H]
-        return self.lm_head(h).float()
+        logits = self.lm_head(h).float()
+        if self.token_ids is None:
+            return logits
+        full = torch.full((*logits.shape[:-1], self.vocab_size), float("-inf"), device=self.device)
+        return full.index_copy_(-1, self.token_ids, logits[..., :-1])  # the 'other' row is never proposed
