@@ -43,6 +43,7 @@ class EngineStats:
     output_tokens: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    row_steps: int = 0  # (request, verify step) pairs: each scored its drafts plus one token of its own
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
     finished: int = 0
@@ -55,7 +56,7 @@ class AsyncScheduler:
     def __init__(self, config: EngineConfig, tokenizer, vocab_size: int, ctx: zmq.asyncio.Context, addr: dict,
                  trace: bool = False):
         self.config, self.tokenizer, self.vocab_size = config, tokenizer, vocab_size
-        self.k = config.effective_k
+        self.k = config.max_draft  # KV reservations cover the most drafts a row can carry (k + Tetris extra)
         self.block_size = config.block_size
         self.free_blocks = config.kv_cache_tokens // config.block_size
         self.total_blocks = self.free_blocks
@@ -250,6 +251,7 @@ class AsyncScheduler:
                 continue  # aborted meanwhile
             st.draft_tokens += r.num_drafted
             st.accepted_tokens += r.num_accepted
+            st.row_steps += 1
             before = s.stats.output_tokens
             delta = s.on_result(r)
             st.output_tokens += s.stats.output_tokens - before

@@ -65,7 +65,7 @@ async def run_workload(engine: Engine, prompts, params, rate: float | None, seed
     wall = time.perf_counter() - t0
     after = engine.stats()
     d = {k: after[k] - before[k] for k in ("steps", "output_tokens", "draft_tokens", "accepted_tokens",
-                                             "draft_time_s", "verify_time_s")}
+                                             "verified_tokens", "draft_time_s", "verify_time_s")}
     steps = max(d["steps"], 1)
     td, tv = d["draft_time_s"] / steps, d["verify_time_s"] / steps
     step_time = wall / steps
@@ -77,6 +77,10 @@ async def run_workload(engine: Engine, prompts, params, rate: float | None, seed
         "ttft_p50": _pct([r.stats.ttft_s for r in results], 0.5),
         "accept": d["accepted_tokens"] / d["draft_tokens"] if d["draft_tokens"] else 0.0,
         "mean_len": out_tokens / max(sum(r.stats.steps for r in results), 1),
+        # verifier work: tokens scored per step (drafts + one per request), and the share of them emitted
+        "ver_step": d["verified_tokens"] / steps,
+        "out_ver": ((d["accepted_tokens"] + d["verified_tokens"] - d["draft_tokens"]) / d["verified_tokens"]
+                    if d["verified_tokens"] else 0.0),
         "td_ms": td * 1e3, "tv_ms": tv * 1e3, "step_ms": step_time * 1e3,
         "overlap": max(td, tv) / step_time if step_time else 0.0,
     }, [r.token_ids for r in results]
@@ -118,6 +122,7 @@ def hf_assisted(target: str, draft: str, prompts, max_tokens: int, repeats: int,
 
 COLS = [("tok_s", "tok/s", "{:8.1f}"), ("lat_p50", "lat p50 s", "{:9.3f}"), ("lat_p99", "lat p99 s", "{:9.3f}"),
         ("ttft_p50", "ttft s", "{:7.3f}"), ("accept", "accept", "{:6.2f}"), ("mean_len", "tok/step", "{:8.2f}"),
+        ("ver_step", "ver/step", "{:8.1f}"), ("out_ver", "out/ver", "{:7.2f}"),
         ("td_ms", "Td ms", "{:7.2f}"), ("tv_ms", "Tv ms", "{:7.2f}"), ("step_ms", "step ms", "{:7.2f}"),
         ("overlap", "overlap", "{:7.2f}"), ("same", "same", "{:5.2f}")]
 
@@ -143,8 +148,9 @@ async def _bench(args) -> list[tuple[str, dict]]:
         if n is not None and not 1 <= n < len(allowed):
             raise ValueError(f"--split {n}: the drafter needs 1..{len(allowed) - 1} of the {len(allowed)} cores")
     workloads = len({(b, r) for _, b, r in points})
-    per_mode = {"autoregressive": workloads, "sequential": len(points),
-                "minedraft": len(points) * len(splits) + (workloads if args.adaptive else 0)}
+    tetris = {"off": [False], "on": [True], "both": [False, True]}[args.tetris]
+    per_mode = {"autoregressive": workloads, "sequential": len(points) * len(tetris),
+                "minedraft": (len(points) * len(splits) + (workloads if args.adaptive else 0)) * len(tetris)}
     n_runs = sum(per_mode[m] for m in modes) * args.repeats + in_process_runs(args, points)
     if args.hf:
         n_runs += args.repeats
@@ -154,19 +160,24 @@ async def _bench(args) -> list[tuple[str, dict]]:
     # Greedy runs double as a losslessness check: every SD row's outputs against target-alone's, per workload.
     reference: dict = {}
     check = args.temperature == 0 and "autoregressive" in modes
+    # unseeded by default: seeded sampled requests take the coupled path (batch_sampling), whose acceptance is
+    # lower than rejection sampling's
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True,
-                            seed=0 if args.temperature else None)
+                            seed=args.seed)
     for mode in modes:
-        variants = [(False, None)]
+        variants = [(False, None, t) for t in tetris] if mode == "sequential" else [(False, None, False)]
         if mode == "minedraft":  # the core split sweep; adaptive k runs with the default split
-            variants = [(False, n) for n in splits] + ([(True, None)] if args.adaptive else [])
-        for adaptive, split in variants:
+            variants = [(a, n, t) for t in tetris
+                        for a, n in [(False, n) for n in splits] + ([(True, None)] if args.adaptive else [])]
+        for adaptive, split, tet in variants:
             cores = dict(draft_cores=allowed[:split], target_cores=allowed[split:]) if split else {}
             cfg = EngineConfig(target=args.target, draft=args.draft, mode=mode, k=max(ks), adaptive_k=adaptive,
+                               tetris=tet, tetris_extra=args.tetris_extra, tetris_capacity=args.tetris_capacity,
                                max_batch_size=max(batches), max_tokens_limit=max(args.max_tokens, 16),
                                kv_cache_tokens=args.kv_cache_tokens, dtype=args.dtype, **cores)
             where = (f" cores={format_cores(cfg.draft_cores)}+{format_cores(cfg.target_cores)}" if split else "")
-            want_trace = bool(args.trace or args.plot) and mode == "minedraft" and not adaptive and split == splits[-1]
+            want_trace = (bool(args.trace or args.plot) and mode == "minedraft" and not adaptive and not tet
+                          and split == splits[-1])
             async with Engine(cfg, trace=want_trace) as engine:
                 await run_workload(engine, corpus_prompts(2, 99), params, None)  # warm-up
                 seen: set = set()
@@ -192,7 +203,7 @@ async def _bench(args) -> list[tuple[str, dict]]:
                         if want_trace and trace_events is None and k == ks[-1] and b == batches[-1]:
                             trace_events = list(engine.scheduler.stats.trace)
                         bar.update(1)
-                    name = mode + (" (adaptive k)" if adaptive else "")
+                    name = mode + (" tetris" if tet else "") + (" (adaptive k)" if adaptive else "")
                     tag = ("" if mode == "autoregressive" else f" k={'auto' if adaptive else k}") + where + f" B={b}"
                     tag += f" rate={r:g}/s" if r else ""
                     m = _median(runs)
@@ -234,7 +245,7 @@ def ratios(rows: list[tuple[str, dict]]) -> list[str]:
     for g in dict.fromkeys(_group(n) for n, _ in rows if _group(n)):
         grp = [(n, m) for n, m in rows if _group(n) == g]
         ar = next((m for n, m in grp if n.startswith("autoregressive")), None)
-        seq = {_k(n): m for n, m in grp if n.startswith("sequential")}
+        seq = {_k(n): m for n, m in grp if n.startswith("sequential k=")}
         md = {_k(n): m for n, m in grp if n.startswith("minedraft k=")}
         best_seq = max(seq.items(), key=lambda x: x[1]["tok_s"]) if seq else None
         best_md = max(md.items(), key=lambda x: x[1]["tok_s"]) if md else None
@@ -245,6 +256,10 @@ def ratios(rows: list[tuple[str, dict]]) -> list[str]:
                 parts.append(f"{m['tok_s'] / seq[_k(n)]['tok_s']:.2f}x sequential SD at the same k")
             if (n.startswith("minedraft") or n.startswith("hf")) and best_seq:
                 parts.append(f"{m['tok_s'] / best_seq[1]['tok_s']:.2f}x best sequential SD (k={best_seq[0]})")
+            if n.startswith("minedraft tetris k=") and _k(n) in md:
+                parts.append(f"{m['tok_s'] / md[_k(n)]['tok_s']:.2f}x plain minedraft at the same k")
+            if n.startswith("sequential tetris k=") and _k(n) in seq:
+                parts.append(f"{m['tok_s'] / seq[_k(n)]['tok_s']:.2f}x plain sequential SD at the same k")
             if "adaptive" in n and best_md:
                 parts.append(f"{m['tok_s'] / best_md[1]['tok_s']:.2f}x best fixed-k minedraft (k={best_md[0]})")
             if ar and not n.startswith("autoregressive"):
@@ -268,7 +283,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default: 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     p.add_argument("--repeats", type=int, default=3, help="runs per setting; medians are reported (default: 3)")
-    p.add_argument("--adaptive", action="store_true", help="also run minedraft with adaptive k")
+    p.add_argument("--adaptive", "--dynamic", action="store_true", dest="adaptive",
+                   help="also run minedraft with dynamic speculation (adaptive k, 0 included)")
+    p.add_argument("--tetris", choices=("off", "on", "both"), default="off",
+                   help="sequential and minedraft rows without Tetris, with it, or both (default: off)")
+    p.add_argument("--tetris-extra", type=int, default=2, help="Tetris: extra drafts per request (default: 2)")
+    p.add_argument("--tetris-capacity", type=int, default=None,
+                   help="Tetris: draft tokens verified per step (default: k x requests in the batch)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed every sampled request (coupled sampling; default: unseeded)")
     p.add_argument("--split", type=int, nargs="+",
                    help="minedraft core splits to sweep: the drafter gets the first N allowed cores, the verifier "
                         "the rest, e.g. --split 1 2 3 (default: the engine's default split)")

@@ -86,8 +86,15 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "speculative decoding; autoregressive: target alone")
     g.add_argument("--k", type=int, default=_default("k"), metavar="K",
                    help="draft tokens per speculative step (1..16; ignored in autoregressive mode)")
-    g.add_argument("--adaptive-k", action="store_true", help="pick k per step (up to --k) to balance draft time "
-                   "against verify time")
+    g.add_argument("--adaptive-k", "--dynamic", action="store_true", dest="adaptive_k",
+                   help="dynamic speculation: pick the draft budget per step (0..--k, 0 = plain decoding) from "
+                        "measured draft/verify cost and acceptance, per batch size")
+    g.add_argument("--tetris", action="store_true", help="draft k + --tetris-extra tokens per request and verify "
+                   "only the batch's --tetris-capacity most promising draft prefixes")
+    g.add_argument("--tetris-capacity", type=_positive_int, default=None, metavar="C",
+                   help="draft tokens verified per step with --tetris (default: k x requests in the batch)")
+    g.add_argument("--tetris-extra", type=int, default=_default("tetris_extra"), metavar="E",
+                   help="extra drafts per request Tetris may choose from (0..16)")
     g.add_argument("--max-prompt-tokens", type=_positive_int, default=_default("max_prompt_tokens"), metavar="N",
                    help="longest prompt accepted, in tokens")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=_default("dtype"),
@@ -114,7 +121,8 @@ def _engine_kw(a) -> dict:
     if a.model:
         from .cli_models import resolve_model
         target, draft = resolve_model(a.model)
-    return dict(target=target, draft=draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k,
+    return dict(target=target, draft=draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k, tetris=a.tetris,
+                tetris_capacity=a.tetris_capacity, tetris_extra=a.tetris_extra,
                 max_prompt_tokens=a.max_prompt_tokens, dtype=a.dtype, target_device=a.target_device,
                 draft_device=a.draft_device, draft_cores=a.draft_cores, target_cores=a.target_cores,
                 target_tp=a.target_tp, draft_tp=a.draft_tp)
@@ -256,7 +264,7 @@ def _fail(msg: str, code: int = 2) -> int:
 def _generate_config(a) -> EngineConfig:
     kw = _engine_kw(a)
     block = _default("block_size")
-    need = a.max_prompt_tokens + a.max_tokens + a.k + 1
+    need = a.max_prompt_tokens + a.max_tokens + a.k + (a.tetris_extra if a.tetris else 0) + 1
     kw.update(max_tokens_limit=a.max_tokens, max_batch_size=1, max_queue=1,
               kv_cache_tokens=-(-need // block) * block)
     return EngineConfig(**kw)

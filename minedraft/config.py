@@ -18,7 +18,10 @@ class EngineConfig:
     draft: str = DEFAULT_DRAFT
     mode: str = "minedraft"          # two-batch overlap | standard SD | target alone
     k: int = 4                       # draft tokens per step (the upper bound when adaptive_k)
-    adaptive_k: bool = False         # pick k per step to balance draft time against verify time
+    adaptive_k: bool = False         # dynamic speculation: pick k per step (0..k) from measured cost and acceptance
+    tetris: bool = False             # draft k + tetris_extra per row, keep the batch's tetris_capacity best drafts
+    tetris_capacity: int | None = None  # draft tokens verified per step in Tetris mode (default: k x rows)
+    tetris_extra: int = 2            # extra drafts per row Tetris may choose from
     max_batch_size: int = 32         # running requests in all (split over the two batches)
     kv_cache_tokens: int = 65536     # per model; admission waits when a request's reservation does not fit
     block_size: int = 16
@@ -51,15 +54,21 @@ class EngineConfig:
                 bad(f"{name} must be an int, got {v!r}")
         if not 1 <= self.k <= 16:
             bad(f"k must be in 1..16, got {self.k}")
+        if isinstance(self.tetris_extra, bool) or not isinstance(self.tetris_extra, int) \
+                or not 0 <= self.tetris_extra <= 16:
+            bad(f"tetris_extra must be an int in 0..16, got {self.tetris_extra!r}")
+        c = self.tetris_capacity
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            bad(f"tetris_capacity must be None or an int >= 1, got {c!r}")
         for name in ("max_batch_size", "block_size", "max_prompt_tokens", "max_tokens_limit", "max_queue"):
             if getattr(self, name) < 1:
                 bad(f"{name} must be >= 1, got {getattr(self, name)}")
-        need = self.max_prompt_tokens + self.max_tokens_limit + self.k + 1
+        need = self.max_prompt_tokens + self.max_tokens_limit + self.max_draft + 1
         need_blocks = -(-need // self.block_size)
         if self.kv_cache_tokens // self.block_size < need_blocks:
             bad(f"kv_cache_tokens={self.kv_cache_tokens} ({self.kv_cache_tokens // self.block_size} blocks of "
                 f"{self.block_size}) cannot hold even one request of max_prompt_tokens + max_tokens_limit + k + 1 "
-                f"= {need} positions ({need_blocks} blocks); raise it or lower those limits")
+                f"(+ tetris_extra) = {need} positions ({need_blocks} blocks); raise it or lower those limits")
         for name in ("target_tp", "draft_tp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
@@ -88,6 +97,12 @@ class EngineConfig:
     @property
     def effective_k(self) -> int:
         return 0 if self.mode == "autoregressive" else self.k
+
+    @property
+    def max_draft(self) -> int:
+        """The most drafts one row can carry in a step: what KV reservations and draft slots are sized for."""
+        k = self.effective_k
+        return k + self.tetris_extra if k and self.tetris else k
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -99,14 +99,15 @@ class Engine:
         self._tmp = tempfile.mkdtemp(prefix="minedraft-")
         addr = {n: f"ipc://{self._tmp}/{n}" for n in ("cmd", "status", "drafts", "verdict_drafter")}
         k = cfg.effective_k
-        nbytes = slot_nbytes(cfg.max_batch_size, max(k, 1), vocab)
+        nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab)
         if not draft_dev.startswith("cuda"):
             self._shm = create_shm(2, nbytes)
         draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.mode)
         common = {"addr": addr, "k": k, "mode": cfg.mode, "kv_cache_tokens": cfg.kv_cache_tokens,
                   "block_size": cfg.block_size, "dtype": cfg.dtype, "shm": [s.name for s in self._shm],
                   "slot_nbytes": nbytes, "eos": eos, "target": cfg.target, "draft": cfg.draft,
-                  "fault": list(self._fault) if self._fault else None}
+                  "fault": list(self._fault) if self._fault else None,
+                  "tetris": bool(cfg.tetris and k), "extra": cfg.max_draft - k, "capacity": cfg.tetris_capacity}
         self._ctx = zmq.asyncio.Context()
         self.scheduler = AsyncScheduler(cfg, self.tokenizer, vocab, self._ctx, addr, self._trace)
         self.step_stats = StepStats(k)
@@ -136,7 +137,9 @@ class Engine:
 
     def _attach_adaptive_k(self) -> None:
         from .adaptive_k import AdaptiveK
-        ctl = self.adaptive = AdaptiveK(self.config.k, overlap=self.config.mode == "minedraft")
+        cfg = self.config
+        ctl = self.adaptive = AdaptiveK(cfg.k, overlap=cfg.mode == "minedraft", extra=cfg.max_draft - cfg.k,
+                                            tetris=cfg.tetris)
         sched = self.scheduler
 
         def on_verdict(m: dict) -> None:
@@ -145,10 +148,10 @@ class Engine:
                 return
             if m.get("prefill"):  # a step that also scored prompts says nothing about the cost of k
                 return
-            k = res[0][2]
+            k = m.get("k", res[0][2])  # the step's per-row budget (Tetris rows carry different counts)
             ctl.observe(k, m["draft_t1"] - m["draft_t0"], m["t1"] - m["t0"],
-                        sum(r[3] for r in res), sum(1 for r in res if r[3] < r[2]))
-            new_k = ctl.choose()
+                        sum(r[3] for r in res), sum(1 for r in res if r[3] < r[2]), rows=len(res))
+            new_k = ctl.choose(len(res))
             if new_k != k:
                 sched.set_k(new_k)
         sched.on_verdict = on_verdict
@@ -285,7 +288,7 @@ class Engine:
         st = s.stats
         return {"mode": self.config.mode, "k": self.config.effective_k, "steps": st.steps,
                 "output_tokens": st.output_tokens, "draft_tokens": st.draft_tokens,
-                "accepted_tokens": st.accepted_tokens,
+                "accepted_tokens": st.accepted_tokens, "verified_tokens": st.draft_tokens + st.row_steps,
                 "acceptance_rate": st.accepted_tokens / st.draft_tokens if st.draft_tokens else 0.0,
                 "draft_time_s": st.draft_time_s, "verify_time_s": st.verify_time_s,
                 "running": len(s.running), "waiting": len(s.waiting), "finished": st.finished,

@@ -36,15 +36,16 @@ class LocalEngine:
         device = "cpu" if cfg.target_device == "auto" else cfg.target_device
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.target, local_files_only=True)
         self.k = cfg.effective_k
+        self.max_draft = cfg.max_draft  # k, or k + tetris_extra with Tetris
         self.target = ModelRunner.from_pretrained(cfg.target, cfg.kv_cache_tokens, cfg.block_size, device, cfg.dtype)
-        self.verifier = Verifier(self.target, self.k, eos_ids(self.target.config, self.tokenizer))
+        self.verifier = Verifier(self.target, self.max_draft, eos_ids(self.target.config, self.tokenizer))
         self.drafter = None
         if self.k:
             ddev = "cpu" if cfg.draft_device == "auto" else cfg.draft_device
             self.draft = ModelRunner.from_pretrained(cfg.draft, cfg.kv_cache_tokens, cfg.block_size, ddev, cfg.dtype)
             if self.draft.vocab_size != self.target.vocab_size:
                 raise ValueError("draft and target vocabularies differ; they must share a tokenizer")
-            self.drafter = Drafter(self.draft, self.k)
+            self.drafter = Drafter(self.draft, self.max_draft)
         self._ids = itertools.count()
 
     def generate(self, prompts: list, params=None) -> list[GenerationResult]:
@@ -57,7 +58,7 @@ class LocalEngine:
                                                               self.target.vocab_size), self.tokenizer))
         waiting, running = deque(states), {}
         for s in states:
-            need = s.req.cache_tokens(self.k)
+            need = s.req.cache_tokens(self.max_draft)
             if not self.target.cache.fits_ever(need):
                 raise InvalidRequestError(f"request needs {need} cache positions, more than the whole cache")
         while waiting or running:
@@ -68,7 +69,7 @@ class LocalEngine:
     def _admit(self, waiting, running) -> None:
         while waiting and len(running) < self.config.max_batch_size:
             s = waiting[0]
-            need = s.req.cache_tokens(self.k)
+            need = s.req.cache_tokens(self.max_draft)
             if not (self.target.cache.can_allocate(need) and (not self.drafter or self.draft.cache.can_allocate(need))):
                 break  # waits until a running request frees its blocks
             waiting.popleft()
@@ -79,7 +80,10 @@ class LocalEngine:
 
     def step(self, running: dict) -> None:
         rids = list(running)
-        if self.drafter:
+        if self.drafter and self.config.tetris:
+            cap = self.config.tetris_capacity
+            drafts, q = self.drafter.draft(rids, self.max_draft, self.k * len(rids) if cap is None else cap)
+        elif self.drafter:
             drafts, q = self.drafter.draft(rids, self.k)
         else:
             drafts, q = [[] for _ in rids], None

@@ -60,6 +60,28 @@ def test_segments_mark_handover_between_draft_and_verify():
     assert ("verifier", "return", 0, 3.0, 3.2) in segs
 
 
+def test_bench_tetris_and_dynamic_rows(tiny_pair):
+    """--tetris both --dynamic adds the Tetris and dynamic rows; the verifier-work columns add up."""
+    args = bench.build_parser().parse_args(
+        ["--target", tiny_pair.target, "--draft", tiny_pair.draft, "--repeats", "1", "--batch", "4", "--k", "2",
+         "--max-tokens", "10", "--modes", "autoregressive", "minedraft", "--tetris", "both", "--dynamic",
+         "--kv-cache-tokens", "8192"])
+    rows = {n: m for n, m in asyncio.run(bench._bench(args)) if not n.startswith("in-process")}
+    names = [n.split(" k=")[0].split(" B=")[0] for n in rows]
+    assert names == ["autoregressive", "minedraft", "minedraft (adaptive k)", "minedraft tetris",
+                     "minedraft tetris (adaptive k)"]
+    ar = next(m for n, m in rows.items() if n.startswith("autoregressive"))
+    assert ar["out_ver"] == 1.0 and 1 <= ar["ver_step"] <= 4  # one token scored per request, all emitted
+    for n, m in rows.items():
+        assert n.startswith("autoregressive") or m["same"] == 1.0
+        assert 0 < m["out_ver"] <= 1
+        # each request scores its drafts plus one token; a step holds at most one batch's 4 requests
+        assert m["ver_step"] <= 4 * (1 + 2 + (2 if "tetris" in n else 0)) + 1e-9
+    plain = rows[next(n for n in rows if n.startswith("minedraft k=2"))]
+    assert plain["out_ver"] < 1  # some drafts were rejected: verify work was wasted
+    assert any("x plain minedraft at the same k" in line for line in bench.ratios(list(rows.items())))
+
+
 def _m(tok_s):
     return {"tok_s": tok_s}
 

@@ -128,3 +128,14 @@ async def test_generate_prints_engine_text(tiny_pair):
     assert out == (ref.text + "\n").encode("utf-8")
     summary = err.decode().strip().splitlines()[-1]
     assert summary.startswith(f"[minedraft] {n} tokens") and "tokens/s" in summary and "acceptance" in summary
+
+
+def test_tetris_and_dynamic_flags_reach_the_config(tiny_pair):
+    a = cli.build_parser().parse_args(["generate", "x", "--target", tiny_pair.target, "--draft", tiny_pair.draft,
+                                       "--tetris", "--tetris-capacity", "5", "--tetris-extra", "3", "--dynamic"])
+    cfg = cli._generate_config(a)
+    assert (cfg.tetris, cfg.tetris_capacity, cfg.tetris_extra, cfg.adaptive_k) == (True, 5, 3, True)
+    assert cfg.max_draft == cfg.k + 3
+    plain = cli._generate_config(cli.build_parser().parse_args(["generate", "x", "--target", tiny_pair.target,
+                                                                 "--draft", tiny_pair.draft]))
+    assert (plain.tetris, plain.adaptive_k, plain.max_draft) == (False, False, plain.k)

@@ -55,7 +55,7 @@ def test_cpu_smoke_run_reaches_the_table(tmp_path):
             if line.startswith(("autoregressive", "sequential", "minedraft"))}
     assert set(rows) == {"autoregressive B=8", "sequential k=1 B=8", "minedraft k=1 B=8"}
     for name in ("sequential k=1 B=8", "minedraft k=1 B=8"):
-        accept = float(rows[name][-7])   # accept, then tok/step, Td, Tv, step, overlap, same
+        accept = float(rows[name][-9])   # accept, then tok/step, ver/step, out/ver, Td, Tv, step, overlap, same
         assert 0.6 < accept < 0.97, (name, accept)
         assert rows[name][-1] == "1.00", name  # permutation heads leave wide margins: bf16 stays exact here
     assert "x sequential SD at the same k" in out

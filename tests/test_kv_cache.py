@@ -259,5 +259,12 @@ def test_runner_num_logits_validation(llama_runner):
     free_all(llama_runner)
     llama_runner.cache.allocate("y", 16)
     with pytest.raises(ValueError):
-        llama_runner.forward(["y"], [[1]], num_logits=2)
+        llama_runner.forward(["y"], [[]], num_logits=1)
+    # a row shorter than num_logits (ragged Tetris drafts) is right-aligned, led by copies of its first logits
+    llama_runner.cache.allocate("z", 16)
+    out = llama_runner.forward(["y", "z"], [[1], [1, 2, 3]], num_logits=3)
+    ref_z = hf_logits(llama_runner.model, [1, 2, 3])
+    torch.testing.assert_close(out[1], ref_z, atol=ATOL, rtol=0)
+    for j in range(3):
+        torch.testing.assert_close(out[0, j], ref_z[0], atol=ATOL, rtol=0)
     assert llama_runner.forward([], [], 1).shape == (0, 1, llama_runner.vocab_size)

@@ -22,7 +22,8 @@ _DTYPES = {"int64": torch.int64, "float32": torch.float32}
 
 
 def slot_nbytes(max_batch: int, max_k: int, vocab: int) -> int:
-    return max_batch * max_k * 8 + max_batch * max_k * vocab * 4
+    """max_k: the most drafts one row can carry (k + Tetris extra)."""
+    return max_batch * 8 + max_batch * max_k * 8 + max_batch * max_k * vocab * 4
 
 
 def create_shm(num_slots: int, nbytes: int) -> list[shared_memory.SharedMemory]:
@@ -79,16 +80,20 @@ class DraftSlots:
         return self.buffers[slot][offset:offset + size].view(dtype).view(*shape)
 
     def write(self, slot: int, drafts: list[list[int]], q: torch.Tensor | None) -> dict:
-        """Store one batch's drafts; return the descriptor that travels in the message."""
-        B, k = len(drafts), len(drafts[0]) if drafts else 0
-        if not k:  # autoregressive: nothing to store; skipping the slot saves tensor calls on every step
+        """Store one batch's drafts (rows may differ in length: Tetris); return the descriptor that travels
+        in the message. Layout: counts [B], tokens [B, k] padded with 0, q [B, k, V]; k = the longest row."""
+        B = len(drafts)
+        counts = [len(d) for d in drafts]
+        k = max(counts, default=0)
+        if not k:  # no drafts (autoregressive, k = 0): nothing to store; skipping the slot saves tensor calls
             return {"slot": slot, "B": B, "k": 0, "V": 0}
-        tok = self._view(slot, 0, torch.int64, (B, k))
-        tok.copy_(torch.tensor(drafts, dtype=torch.int64).view(B, k))
+        self._view(slot, 0, torch.int64, (B,)).copy_(torch.tensor(counts, dtype=torch.int64))
+        tok = self._view(slot, B * 8, torch.int64, (B, k))
+        tok.copy_(torch.tensor([d + [0] * (k - len(d)) for d in drafts], dtype=torch.int64).view(B, k))
         desc = {"slot": slot, "B": B, "k": k, "V": 0}
         if q is not None and k:
             V = q.shape[-1]
-            self._view(slot, B * k * 8, torch.float32, (B, k, V)).copy_(q)
+            self._view(slot, B * 8 + B * k * 8, torch.float32, (B, k, V)).copy_(q)
             desc["V"] = V
         if self.buffers and self.buffers[slot].is_cuda:
             torch.cuda.current_stream(self.buffers[slot].device).synchronize()
@@ -98,6 +103,8 @@ class DraftSlots:
         B, k, V, slot = desc["B"], desc["k"], desc["V"], desc["slot"]
         if not k:
             return [[] for _ in range(B)], None
-        drafts = self._view(slot, 0, torch.int64, (B, k)).tolist()
-        q = self._view(slot, B * k * 8, torch.float32, (B, k, V)) if V else None
+        counts = self._view(slot, 0, torch.int64, (B,)).tolist()
+        rows = self._view(slot, B * 8, torch.int64, (B, k)).tolist()
+        drafts = [r[:c] for r, c in zip(rows, counts)]
+        q = self._view(slot, B * 8 + B * k * 8, torch.float32, (B, k, V)) if V else None
         return drafts, q

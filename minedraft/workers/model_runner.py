@@ -151,7 +151,7 @@ class ModelRunner:
                 m[:, :, 0] |= ~valid
             by_window[w] = m[:, None].to(dev)
         writes = read.gather(1, positions.clamp(max=S - 1))[valid]
-        last = lens_t[:, None] - num_logits + torch.arange(num_logits)[None, :]
+        last = (lens_t[:, None] - num_logits + torch.arange(num_logits)[None, :]).clamp(min=0)
         real = None if bool(valid.all()) else valid.reshape(-1).nonzero().squeeze(1).to(dev)
         return _Plan(ids.to(dev), positions.to(dev), writes.to(dev), real,
                      read.reshape(-1).to(dev), [by_window[w] for w in self.layer_windows], last.to(dev))
@@ -160,21 +160,23 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, seq_ids: list, token_lists: list[list[int]], num_logits: int = 1) -> torch.Tensor:
         """Append token_lists[i] to sequence seq_ids[i]'s cache; return logits [B, num_logits, V] (float32)
-        of each sequence's last num_logits new tokens.
+        of each sequence's last num_logits new tokens, right-aligned: a row with n < num_logits new tokens
+        (ragged Tetris drafts) fills its first num_logits - n places with copies of its first token's logits.
 
         Rows of very different lengths (a long prefill beside decodes) run as separate padded groups so a
         prompt does not make every decode row pay for its length.
         """
         if not seq_ids:
             return torch.empty(0, num_logits, self.vocab_size)
-        for toks in token_lists:
-            if len(toks) < num_logits:
-                raise ValueError("each sequence needs at least num_logits new tokens")
+        if any(not toks for toks in token_lists):
+            raise ValueError("each sequence needs at least one new token")
         order = sorted(range(len(seq_ids)), key=lambda i: len(token_lists[i]))
         out = torch.empty(len(seq_ids), num_logits, self.vocab_size, dtype=torch.float32, device=self.device)
         group: list[int] = []
         for i in order + [None]:
-            if i is not None and (not group or len(token_lists[i]) <= 2 * len(token_lists[group[0]]) + 4):
+            # short rows (decodes, ragged drafts) always share a group: with token-wise work packed, their
+            # padding costs only attention; a long prefill goes apart so decode rows do not pay for it
+            if i is not None and (not group or len(token_lists[i]) <= max(2 * len(token_lists[group[0]]) + 4, 16)):
                 group.append(i)
                 continue
             out[group] = self._forward_group([seq_ids[j] for j in group], [token_lists[j] for j in group],
@@ -183,38 +185,54 @@ class ModelRunner:
         return out
 
     def _forward_group(self, seq_ids, token_lists, num_logits):
+        """Token-wise work (embeddings, projections, MLPs) runs on the real tokens only, packed [1, N, H]:
+        rows with fewer new tokens (ragged Tetris drafts, decodes beside a prefill) cost only their tokens.
+        Attention runs padded, [B, heads, T, S], against the paged cache."""
         p = self._plan(seq_ids, token_lists, num_logits)
         B, T = p.input_ids.shape
-        h = self.embed(p.input_ids)
-        cos, sin = self.rotary(h, p.positions)
+        real = p.real_rows
+        ids, pos = p.input_ids.reshape(-1), p.positions.reshape(-1)
+        if real is not None:
+            ids, pos = ids.index_select(0, real), pos.index_select(0, real)
+        N = ids.shape[0]
+        h = self.embed(ids)[None]                        # [1, N, H]
+        cos, sin = self.rotary(h, pos[None])
         S = p.masks[0].shape[-1]
 
-        def real(x):  # [B, T, Hkv, D] -> [N, Hkv, D], pad tokens dropped
-            x = x.reshape(B * T, -1, self.head_dim)
-            return x if p.real_rows is None else x.index_select(0, p.real_rows)
+        def padded(x):  # [N, heads, D] -> [B, heads, T, D], pad tokens zero
+            if real is None:
+                return x.view(B, T, -1, self.head_dim).transpose(1, 2)
+            out = x.new_zeros(B * T, x.shape[1], self.head_dim).index_copy_(0, real, x)
+            return out.view(B, T, -1, self.head_dim).transpose(1, 2)
         for li, layer in enumerate(self.layers):
             x = layer.input_layernorm(h)
             attn = layer.self_attn
-            q = attn.q_proj(x).view(B, T, -1, self.head_dim)
-            k = attn.k_proj(x).view(B, T, -1, self.head_dim)
-            v = attn.v_proj(x).view(B, T, -1, self.head_dim)
+            q = attn.q_proj(x).view(1, N, -1, self.head_dim)
+            k = attn.k_proj(x).view(1, N, -1, self.head_dim)
+            v = attn.v_proj(x).view(1, N, -1, self.head_dim)
             if hasattr(attn, "q_norm"):  # Qwen3
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [1, heads, N, D]
             kc, vc = self.cache.k[li], self.cache.v[li]
-            kc.index_copy_(0, p.write_slots, real(k.transpose(1, 2)))
-            vc.index_copy_(0, p.write_slots, real(v))
+            kc.index_copy_(0, p.write_slots, k[0].transpose(0, 1))
+            vc.index_copy_(0, p.write_slots, v[0])
             # index_select on dim 0 copies whole rows: several times faster on CPU than advanced indexing
             keys = kc.index_select(0, p.read_slots).view(B, S, -1, self.head_dim).transpose(1, 2)  # [B,Hkv,S,D]
             vals = vc.index_select(0, p.read_slots).view(B, S, -1, self.head_dim).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=p.masks[li], scale=attn.scaling,
-                                               enable_gqa=self.num_kv_heads != self.num_heads)
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+            o = F.scaled_dot_product_attention(padded(q[0].transpose(0, 1)), keys, vals, attn_mask=p.masks[li],
+                                               scale=attn.scaling, enable_gqa=self.num_kv_heads != self.num_heads)
+            o = o.transpose(1, 2).reshape(B * T, -1)
+            if real is not None:
+                o = o.index_select(0, real)
+            h = h + attn.o_proj(o)[None]
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         for sid, toks in zip(seq_ids, token_lists):
             self.cache.extend(sid, len(toks))
-        rows = torch.arange(B, device=self.device)[:, None]
-        h = self.norm(h[rows, p.last_index])             # [B, n, H]
+        flat = (torch.arange(B, device=self.device)[:, None] * T + p.last_index).reshape(-1)
+        if real is not None:  # [B*T] position -> packed index
+            packed = torch.full((B * T,), -1, dtype=torch.long, device=self.device)
+            flat = packed.index_copy_(0, real, torch.arange(N, device=self.device))[flat]
+        h = self.norm(h[0].index_select(0, flat)).view(B, -1, h.shape[-1])  # [B, n, H]
         logits = self.lm_head(h).float()
         if self.token_ids is None:
             return logits

@@ -120,8 +120,9 @@ class DrafterProcess(_Worker):
         self.NewRequest = NewRequest
         spec, a = self.spec, self.spec["addr"]
         self.k_max = spec["k"]
+        self.max_draft = self.k_max + spec.get("extra", 0)  # Tetris drafts k + e per row, keeps a budget
         self.runner = self.load(spec["draft"]) if self.k_max else None
-        self.drafter = Drafter(self.runner, self.k_max) if self.runner else None
+        self.drafter = Drafter(self.runner, self.max_draft) if self.runner else None
         self.cmd = self.ctx.socket(zmq.PULL)
         self.cmd.connect(a["cmd"])
         self.verdicts = self.ctx.socket(zmq.PULL)
@@ -155,6 +156,15 @@ class DrafterProcess(_Worker):
         return {"seqs": len(batches[0]) + len(batches[1]), "waiting": len(adds),
                 "cache_seqs": cache.num_seqs if cache else 0, "used_blocks": cache.used_blocks if cache else 0}
 
+    def _budget(self, k: int, rows: int) -> tuple[int, int | None]:
+        """(drafts per row, Tetris capacity or None) for a step with per-row budget k (set by dynamic
+        speculation, else the configured k): Tetris drafts k + e and keeps capacity drafts, by default
+        k x rows; a configured capacity scales with k / k_max."""
+        if not self.spec.get("tetris"):
+            return k, None
+        cap = self.spec.get("capacity")
+        return k + self.spec["extra"], (k * rows if cap is None else max(1, round(cap * k / self.k_max)))
+
     def loop(self):
         batches: dict[int, list[int]] = {0: [], 1: []}
         adds: list = []                   # waiting for cache room (frees may lag the scheduler by a step)
@@ -173,7 +183,7 @@ class DrafterProcess(_Worker):
                 return False
             if batches[b] or removed[b]:
                 return True
-            need = [r.cache_tokens(self.k_max) for r, rb in adds if rb == b]
+            need = [r.cache_tokens(self.max_draft) for r, rb in adds if rb == b]
             return bool(need) and (not self.drafter or self.runner.cache.can_allocate(need[0]))
 
         while True:
@@ -232,7 +242,7 @@ class DrafterProcess(_Worker):
                 req, ab = item
                 if ab != b:
                     continue
-                if self.drafter and not self.runner.cache.can_allocate(req.cache_tokens(self.k_max)):
+                if self.drafter and not self.runner.cache.can_allocate(req.cache_tokens(self.max_draft)):
                     break
                 adds.remove(item)
                 if self.drafter:
@@ -251,13 +261,13 @@ class DrafterProcess(_Worker):
             self._fault("draft")
             t0 = time.monotonic()
             if self.drafter and k:
-                drafts, q = self.drafter.draft(rids, k)
+                drafts, q = self.drafter.draft(rids, *self._budget(k, len(rids)))
             else:
                 drafts, q = [[] for _ in rids], None
             desc = self.slots.write(b, drafts, q)
             t1 = time.monotonic()
             self.pub.send(pack({"t": "drafts", "batch": b, "step": step, "rids": list(rids), "adds": new_reqs,
-                                "removes": removed[b], "desc": desc, "t0": t0, "t1": t1}))
+                                "removes": removed[b], "desc": desc, "t0": t0, "t1": t1, "k": k}))
             removed[b] = []
             outstanding[b] = True
             step += 1
@@ -272,7 +282,7 @@ class VerifierProcess(_Worker):
         self.NewRequest = NewRequest
         spec, a = self.spec, self.spec["addr"]
         self.runner = self.load(spec["target"])
-        self.verifier = Verifier(self.runner, spec["k"], spec["eos"])
+        self.verifier = Verifier(self.runner, spec["k"] + spec.get("extra", 0), spec["eos"])
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.setsockopt(zmq.RCVHWM, 0)
@@ -321,7 +331,7 @@ class VerifierProcess(_Worker):
             t1 = time.monotonic()
             out = pack({"t": "verdict", "batch": m["batch"], "step": m["step"],
                         "results": [r.to_msg() for r in results], "t0": t0, "t1": t1, "prefill": prefill,
-                        "draft_t0": m["t0"], "draft_t1": m["t1"]})
+                        "draft_t0": m["t0"], "draft_t1": m["t1"], "k": m.get("k", 0)})
             self.to_drafter.send(out)
             self.status.send(out)
 

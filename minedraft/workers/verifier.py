@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import accept, make_generator
+from ..batch_sampling import RowParams, verify_batch
 from ..sampling_params import SamplingParams
 from .model_runner import ModelRunner
 from .requests import NewRequest
@@ -33,7 +33,7 @@ class _VerifySeq:
     tokens: list[int]
     prompt_len: int
     params: SamplingParams
-    gen: torch.Generator
+    seed: int
     stop_ids: frozenset[int]
 
 
@@ -47,30 +47,37 @@ class Verifier:
         self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_k))
         p = req.params
         stop = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos)
-        self.seqs[req.rid] = _VerifySeq(list(req.prompt_ids), len(req.prompt_ids), p,
-                                        make_generator(req.seed, 1, self.runner.device), stop)
+        self.seqs[req.rid] = _VerifySeq(list(req.prompt_ids), len(req.prompt_ids), p, req.seed, stop)
 
     def remove(self, rid: int) -> None:
         self.seqs.pop(rid, None)
         self.runner.cache.free(rid)
 
     def verify(self, rids: list[int], drafts: list[list[int]], q: torch.Tensor | None) -> list[StepResult]:
-        """One target forward over every request's unverified tail plus its k drafts; finished ones are freed."""
-        k = len(drafts[0]) if drafts else 0
+        """One target forward over every request's unverified tail plus its own drafts (rows may have
+        different draft counts), acceptance for the whole batch in tensor ops; finished ones are freed."""
+        dev = self.runner.device
+        counts = [len(d) for d in drafts]
+        K = max(counts, default=0)
         if q is not None:
-            q = q.to(self.runner.device)  # the drafter's device may be another GPU; no copy when it is the same
+            q = q.to(dev)  # the drafter's device may be another GPU; no copy when it is the same
         seqs = [self.seqs[r] for r in rids]
         cache = self.runner.cache
         feed = [s.tokens[cache.length(r):] + d for r, s, d in zip(rids, seqs, drafts)]
-        logits = self.runner.forward(rids, feed, k + 1)
-        top = logits.argmax(-1).tolist() if any(s.params.greedy for s in seqs) else None
+        logits = self.runner.forward(rids, feed, K + 1)
+        counts_t = torch.tensor(counts, dtype=torch.long, device=dev)
+        if K and min(counts) < K:  # right-aligned by the runner -> position j of row b at column j
+            idx = (K - counts_t[:, None] + torch.arange(K + 1, device=dev)[None, :]).clamp(max=K)
+            logits = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))
+        pad = torch.tensor([d + [0] * (K - len(d)) for d in drafts], dtype=torch.long, device=dev).view(len(rids), K)
+        rp = RowParams.of([s.params for s in seqs], [s.seed for s in seqs], dev)
+        pos0 = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.long, device=dev)
+        ns, toks = verify_batch(logits, pad, counts_t, q, rp, pos0)
         results = []
-        for b, (rid, s) in enumerate(zip(rids, seqs)):
-            n, tok = accept(drafts[b], q[b] if q is not None else None, logits[b], s.params, s.gen,
-                            top[b] if top else None)
-            new, reason = self._cut(s, drafts[b][:n] + [tok])
+        for rid, s, d, c, n, tok in zip(rids, seqs, drafts, counts, ns, toks):
+            new, reason = self._cut(s, d[:n] + [tok])
             s.tokens.extend(new)
-            results.append(StepResult(rid, new, k, n, reason))
+            results.append(StepResult(rid, new, c, n, reason))
             if reason:
                 self.remove(rid)
             else:
