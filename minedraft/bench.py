@@ -40,6 +40,16 @@ def corpus_prompts(n: int, seed: int = 0, words: tuple[int, int] = (8, 24)) -> l
     return out
 
 
+def chat_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
+    """n held-out chat questions (minedraft/chat_prompts.py), rendered with the target's chat template."""
+    from .chat_prompts import held_out_prompts
+    pool = held_out_prompts()
+    random.Random(seed).shuffle(pool)
+    return [tokenizer.apply_chat_template([{"role": "user", "content": pool[i % len(pool)]}],
+                                          add_generation_prompt=True, tokenize=True, return_dict=False)
+            for i in range(n)]
+
+
 def _pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
@@ -106,7 +116,7 @@ def hf_assisted(target: str, draft: str, prompts, max_tokens: int, repeats: int,
         lat, n = [], 0
         t0 = time.perf_counter()
         for p in prompts:
-            ids = tok(p, return_tensors="pt").input_ids.to(dev)
+            ids = (torch.tensor([p]) if isinstance(p, list) else tok(p, return_tensors="pt").input_ids).to(dev)
             s = time.perf_counter()
             with torch.no_grad():
                 out = tm.generate(ids, assistant_model=dm, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
@@ -142,6 +152,12 @@ async def _bench(args) -> list[tuple[str, dict]]:
     rates = args.rate or [None]
     points = [(k, b, r) for k in ks for b in batches for r in rates]
     modes = [m for m in MODES if m in args.modes]  # target-alone first: it is the reference for "same"
+    if args.chat:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
+        make_prompts = lambda n, seed: chat_prompts(tok, n, seed)  # noqa: E731
+    else:
+        make_prompts = lambda n, seed: corpus_prompts(n, seed)  # noqa: E731
     splits = args.split or [None]
     allowed = available_cores()
     for n in splits:
@@ -179,7 +195,7 @@ async def _bench(args) -> list[tuple[str, dict]]:
             want_trace = (bool(args.trace or args.plot) and mode == "minedraft" and not adaptive and not tet
                           and split == splits[-1])
             async with Engine(cfg, trace=want_trace) as engine:
-                await run_workload(engine, corpus_prompts(2, 99), params, None)  # warm-up
+                await run_workload(engine, make_prompts(2, 99), params, None)  # warm-up
                 seen: set = set()
                 for k, b, r in points:
                     if mode == "autoregressive" or adaptive:  # k does not apply: one run per (B, rate)
@@ -192,7 +208,7 @@ async def _bench(args) -> list[tuple[str, dict]]:
                     for rep in range(args.repeats):
                         if want_trace:
                             engine.scheduler.stats.trace.clear()
-                        prompts = corpus_prompts(b * args.waves, seed=rep)
+                        prompts = make_prompts(b * args.waves, rep)
                         metrics, outputs = await run_workload(engine, prompts, params, r, seed=rep)
                         runs.append(metrics)
                         if check and mode == "autoregressive":
@@ -213,9 +229,9 @@ async def _bench(args) -> list[tuple[str, dict]]:
                         tag = tag.replace("k=auto", f"k=auto(~{statistics.median(engine.adaptive.history):g})")
                     rows.append((name + tag, m))
     # the baselines a user would run instead: one process, every core the engine may use
-    rows += in_process_rows(args, points, lambda n, rep: corpus_prompts(n, seed=rep), params, reference, bar)
+    rows += in_process_rows(args, points, make_prompts, params, reference, bar)
     if args.hf:  # batch 1 only: its name puts it in the B=1 workload, the only rows it is compared with
-        prompts = corpus_prompts(args.hf_prompts, seed=0)
+        prompts = make_prompts(args.hf_prompts, 0)
         threads = threads_for(allowed)
         rows.append((f"hf assisted ({threads} threads) B=1",
                      hf_assisted(args.target, args.draft, prompts, args.max_tokens, args.repeats, bar, args.dtype,
@@ -297,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the rest, e.g. --split 1 2 3 (default: the engine's default split)")
     p.add_argument("--hf", action="store_true", help="also run transformers' assisted generation (batch 1; compared "
                    "only with the B=1 rows)")
+    p.add_argument("--chat", action="store_true", help="held-out chat questions in the target's chat template "
+                   "instead of documentation snippets (the real pair's draft was trained on chat answers)")
     p.add_argument("--hf-prompts", type=int, default=8, help="prompts for the HF assisted run (default: 8)")
     p.add_argument("--kv-cache-tokens", type=int, default=65536, help="KV cache positions per model")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from smollm2_prompts import held_out_prompts, train_prompts  # noqa: E402
+from minedraft.chat_prompts import held_out_prompts, train_prompts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORT = ROOT / "minedraft" / "models" / "smollm2-135m-draft"

@@ -19,7 +19,7 @@ from minedraft.engine import Engine
 from minedraft.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from smollm2_prompts import held_out_prompts  # noqa: E402
+from minedraft.chat_prompts import held_out_prompts  # noqa: E402
 
 MAX_TOKENS = 24
 

@@ -1,4 +1,4 @@
-"""Chat prompts for distilling the SmolLM2-135M draft: a training set and a held-out set with disjoint topics.
+"""Chat prompts: the SmolLM2 draft's training set and a held-out set with disjoint topics (also `bench --chat`).
 
 Prompts are (template x topic) products; the held-out topics and two held-out templates never occur in training,
 so acceptance measured on them is on prompts the draft has not seen.
