@@ -29,6 +29,10 @@ class EngineConfig:
     target_device: str = "auto"
     dtype: str = "float32"           # greedy identity with target-alone is exact in float32 only (see README)
     worker_start_timeout_s: float = 120.0
+    # A worker whose heartbeats stop (stopped, frozen) or that stays inside one step (a forward) longer than this
+    # is declared hung: every pending request fails with EngineDeadError. Generous, because a big model's
+    # forward on a loaded CPU can take seconds.
+    heartbeat_timeout_s: float = 60.0
 
     def __post_init__(self):
         self.validate()
@@ -55,6 +59,10 @@ class EngineConfig:
             bad(f"kv_cache_tokens={self.kv_cache_tokens} ({self.kv_cache_tokens // self.block_size} blocks of "
                 f"{self.block_size}) cannot hold even one request of max_prompt_tokens + max_tokens_limit + k + 1 "
                 f"= {need} positions ({need_blocks} blocks); raise it or lower those limits")
+        for name in ("worker_start_timeout_s", "heartbeat_timeout_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+                bad(f"{name} must be a positive number of seconds, got {v!r}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             bad(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         for name in ("draft_device", "target_device"):

@@ -12,6 +12,7 @@ import asyncio
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import tempfile
 import time
 from typing import AsyncIterator
@@ -28,6 +29,7 @@ from .sampling_params import SamplingParams
 from .workers.process import drafter_main, verifier_main
 
 WATCH_S = 0.1
+STOP_GRACE_S = 5.0   # how long a stopped worker may take to exit before it is killed
 
 
 def _resolve_devices(cfg: EngineConfig) -> tuple[str, str]:
@@ -53,6 +55,21 @@ def _load_tokenizer_and_meta(cfg: EngineConfig):
     return tok, tcfg.vocab_size, eos_ids(tcfg, tok)
 
 
+def _start_without_sigint(procs) -> None:
+    """Start the worker processes with SIGINT blocked, so they inherit it blocked: a Ctrl-C, which the terminal
+    sends to the whole process group, reaches only the parent, which then stops them in order. The parent's own
+    SIGINT is delivered when it is unblocked."""
+    block = hasattr(signal, "pthread_sigmask")
+    if block:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if block:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class Engine:
     def __init__(self, config: EngineConfig | None = None, *, trace: bool = False, fault=None, **overrides):
         self.config = config or EngineConfig(**overrides)
@@ -64,6 +81,7 @@ class Engine:
         self._ctx = None
         self._watch = None
         self._closed = False
+        self._ready = False
         self.tokenizer = None
         self.adaptive = None
 
@@ -96,23 +114,24 @@ class Engine:
         common = {"addr": addr, "k": k, "mode": cfg.mode, "kv_cache_tokens": cfg.kv_cache_tokens,
                   "block_size": cfg.block_size, "dtype": cfg.dtype, "shm": [s.name for s in self._shm],
                   "slot_nbytes": nbytes, "eos": eos, "target": cfg.target, "draft": cfg.draft,
-                  "fault": list(self._fault) if self._fault else None}
-        self._ctx = zmq.asyncio.Context()
-        self.scheduler = AsyncScheduler(cfg, self.tokenizer, vocab, self._ctx, addr, self._trace)
-        mpc = mp.get_context("spawn")
-        self.procs = [
-            mpc.Process(target=drafter_main, name="minedraft-drafter", daemon=True,
-                        args=({**common, "device": draft_dev, "core": cores[0]},)),
-            mpc.Process(target=verifier_main, name="minedraft-verifier", daemon=True,
-                        args=({**common, "device": target_dev, "core": cores[-1]},)),
-        ]
-        for p in self.procs:
-            p.start()
+                  "fault": list(self._fault) if self._fault else None,
+                  "heartbeat_s": min(1.0, cfg.heartbeat_timeout_s / 4)}
         try:
+            self._ctx = zmq.asyncio.Context()
+            self.scheduler = AsyncScheduler(cfg, self.tokenizer, vocab, self._ctx, addr, self._trace)
+            mpc = mp.get_context("spawn")
+            self.procs = [
+                mpc.Process(target=drafter_main, name="minedraft-drafter", daemon=True,
+                            args=({**common, "device": draft_dev, "core": cores[0]},)),
+                mpc.Process(target=verifier_main, name="minedraft-verifier", daemon=True,
+                            args=({**common, "device": target_dev, "core": cores[-1]},)),
+            ]
+            _start_without_sigint(self.procs)
             await self.scheduler.wait_ready(self.procs, cfg.worker_start_timeout_s)
         except BaseException:
-            await self.shutdown()
+            await self.shutdown()  # also when spawning itself failed: the shared memory must not leak
             raise
+        self._ready = True
         if cfg.adaptive_k and cfg.effective_k:
             self._attach_adaptive_k()
         self.scheduler.start()
@@ -139,26 +158,40 @@ class Engine:
         sched.set_k(ctl.k)
 
     async def _watchdog(self) -> None:
-        """A worker that dies fails every pending request within WATCH_S, and takes the other one down."""
+        """A worker that dies, or falls silent past heartbeat_timeout_s, fails every pending request (within
+        WATCH_S of noticing) and takes the other one down."""
+        sched = self.scheduler
+        sched.reset_heartbeats()
+        last = time.monotonic()
         while True:
             await asyncio.sleep(WATCH_S)
+            now = time.monotonic()
+            stalled = now - last > 1.0  # our own loop was blocked: the beats may be waiting unread, so
+            last = now                  # judge liveness on the next round, after the pump has run
             dead = [p for p in self.procs if p.exitcode is not None]
-            if dead or (self.scheduler and self.scheduler.dead):
-                if not self.scheduler.dead:
-                    p = dead[0]
-                    self.scheduler.fail(EngineDeadError(f"worker {p.name} died (exit code {p.exitcode})"))
-                await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, False)
+            if not sched.dead and dead:
+                p = dead[0]
+                sched.fail(EngineDeadError(f"worker {p.name} died (exit code {p.exitcode})"))
+            elif not sched.dead and not stalled:
+                hung = sched.hung_worker(self.config.heartbeat_timeout_s)
+                if hung:
+                    who, why = hung
+                    p = self.procs[0 if who == "drafter" else 1]
+                    sched.fail(EngineDeadError(f"worker {p.name} (pid {p.pid}) is hung: {why}"))
+            if sched.dead:
+                await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, 0.0)
                 self._cleanup_shm()
                 return
 
-    def _stop_workers(self, graceful: bool) -> None:
-        if graceful:
-            deadline = time.monotonic() + 5
-            for p in self.procs:
-                p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
+    def _stop_workers(self, grace_s: float) -> None:
+        """Wait up to grace_s for the workers to exit on their own, then kill what is left."""
+        procs = [p for p in self.procs if p.pid is not None]  # spawning may have failed part-way
+        deadline = time.monotonic() + grace_s
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
             if p.exitcode is None:
-                p.kill()
+                p.kill()  # SIGKILL also ends a SIGSTOPped process
             p.join(5)
 
     def _cleanup_shm(self) -> None:
@@ -174,7 +207,9 @@ class Engine:
         if self.scheduler:
             self.scheduler.fail(EngineDeadError("engine shut down"))
             self.scheduler.send_stop()
-        await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, True)
+        # workers still loading models do not read the stop command yet: no point waiting for them
+        grace = STOP_GRACE_S if self._ready and all(p.exitcode is None for p in self.procs) else 0.0
+        await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, grace)
         if self.scheduler:
             await self.scheduler.close()
         self._cleanup_shm()
@@ -246,7 +281,7 @@ class Engine:
                 "kv_blocks_free": s.free_blocks, "kv_blocks_total": s.total_blocks}
 
     def health(self) -> dict:
-        alive = [p.exitcode is None for p in self.procs]
+        alive = [p.exitcode is None and not (self.scheduler and self.scheduler.dead) for p in self.procs]
         ok = bool(self.scheduler) and not self.scheduler.dead and all(alive) and not self._closed
         return {"ok": ok, "drafter_alive": alive[0] if alive else False,
                 "verifier_alive": alive[1] if len(alive) > 1 else False,
