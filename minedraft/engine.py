@@ -44,15 +44,9 @@ def _resolve_devices(cfg: EngineConfig) -> tuple[str, str]:
 
 
 def _load_tokenizer_and_meta(cfg: EngineConfig):
-    from transformers import AutoConfig, AutoTokenizer
-    from .local_engine import eos_ids
-    tok = AutoTokenizer.from_pretrained(cfg.target, local_files_only=True)
-    tcfg = AutoConfig.from_pretrained(cfg.target, local_files_only=True)
-    dcfg = AutoConfig.from_pretrained(cfg.draft, local_files_only=True)
-    if tcfg.vocab_size != dcfg.vocab_size:
-        raise ValueError(f"draft vocab {dcfg.vocab_size} != target vocab {tcfg.vocab_size}: "
-                         "the pair must share a tokenizer")
-    return tok, tcfg.vocab_size, eos_ids(tcfg, tok)
+    """Check both model directories here, before spawning, and load the target's tokenizer."""
+    from .model_check import check_pair
+    return check_pair(cfg.target, cfg.draft, need_draft=cfg.effective_k > 0)
 
 
 def _start_without_sigint(procs) -> None:

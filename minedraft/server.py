@@ -564,34 +564,51 @@ def _re(peek: dict) -> str | None:
     return t if t in P.REQUEST_TYPES else None
 
 
-async def serve(engine_config, bind: str, *, ready=None, **server_kw) -> None:
+async def serve(engine_config, bind: str, *, ready=None, **server_kw) -> int | None:
     """Start an Engine and a Server on the running loop and serve until SIGINT/SIGTERM (or cancellation).
-    The bind address is checked and bound before the models load, so a bad --bind fails at once.
-    `ready(server)` is called once requests are being served."""
+    The bind address is checked and bound before the models load, so a bad --bind fails at once; a signal during
+    start-up stops the start at once. `ready(server)` is called once requests are being served. Returns the
+    signal that stopped it (None when cancelled)."""
     import signal
 
     from .engine import Engine
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    got: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        got.append(sig)
+        stop.set()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
     server = Server(None, bind, **server_kw)
+    engine = stopping = None
     try:
         server.bind()  # errors (address in use, ...) surface before the models load
-        async with Engine(engine_config) as engine:
-            server.engine = engine
-            await server.start()
-            try:
-                if ready is not None:
-                    ready(server)
-                await stop.wait()
-                log.info("shutting down")
-            finally:
-                await server.close()
+        starting = asyncio.ensure_future(Engine.start(engine_config))
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # stopped during start-up: Engine.start cleans up after itself when cancelled
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return got[0] if got else None
+        stopping.cancel()
+        engine = starting.result()
+        server.engine = engine
+        await server.start()
+        if ready is not None:
+            ready(server)
+        await stop.wait()
+        log.info("shutting down")
+        return got[0] if got else None
     finally:
+        if stopping is not None:
+            stopping.cancel()
         await server.close()
+        if engine is not None:
+            await engine.shutdown()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
