@@ -20,7 +20,7 @@ import sys
 import time
 
 from .config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig
-from .protocol import DEFAULT_MAX_MESSAGE_BYTES
+DEFAULT_MAX_QUEUED_REPLIES = 1000  # = server.DEFAULT_MAX_QUEUED_REPLIES (server.py imports zmq: not at --help)
 
 PROG = "minedraft"
 _ENGINE_DEFAULTS = EngineConfig.__dataclass_fields__
@@ -151,11 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--curve-client-keys", metavar="PATH", default=None,
                    help="admit only clients whose CURVE public key is listed: a file with one z85 key per line, "
                         "or a directory of key files (default: any client that knows the server key)")
-    n.add_argument("--max-message-bytes", type=_positive_int, default=DEFAULT_MAX_MESSAGE_BYTES, metavar="N",
+    n.add_argument("--max-message-bytes", type=_positive_int, default=None, metavar="N",
                    help="requests larger than this get a too_large error; ones over 4x this are dropped by "
-                        "ZeroMQ and their connection closed")
+                        "ZeroMQ and their connection closed (default: sized to --max-prompt-tokens, "
+                        "64 bytes per token + 64 KiB)")
     n.add_argument("--max-inflight-per-client", type=_positive_int, default=256, metavar="N",
                    help="requests one client may have running at once; beyond it: overloaded")
+    n.add_argument("--max-queued-replies", type=_positive_int, default=DEFAULT_MAX_QUEUED_REPLIES, metavar="N",
+                   help="unread replies the server holds for one client; a client past it is dropped (its "
+                        "requests cancelled, its messages ignored for 10 s)")
     _add_model_args(v)
     e = v.add_argument_group("capacity")
     e.add_argument("--max-tokens-limit", type=_positive_int, default=_default("max_tokens_limit"), metavar="N",
@@ -324,7 +328,8 @@ def cmd_serve(a) -> int:
         sig = _run_async(serve(cfg, a.bind, ready=ready, allow_remote=a.allow_remote,
                                curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
                                curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
-                               max_inflight_per_client=a.max_inflight_per_client), not a.no_uvloop)
+                               max_inflight_per_client=a.max_inflight_per_client,
+                               max_queued_replies=a.max_queued_replies), not a.no_uvloop)
     except (BindError, ValueError, MinedraftError) as e:
         return _fail(str(e), 1)
     except Exception as e:
