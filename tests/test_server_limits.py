@@ -209,6 +209,8 @@ async def test_stop_rule_over_the_wire_matches_the_engine(engine, tiny_tokenizer
         by_str = await c.generate(prompt, {"max_tokens": n, "ignore_eos": True, "stop": [stop]})
         streamed = [d async for d in c.stream(prompt, {"max_tokens": n, "ignore_eos": True,
                                                        "stop_token_ids": [ref[j]]})]
+    direct = await engine.generate(prompt, {"max_tokens": n, "ignore_eos": True, "stop_token_ids": [ref[j]]})
+    assert (direct.token_ids, direct.text) == (by_id.token_ids, by_id.text)
     assert by_id.token_ids == ref[:j + 1] and by_id.finish_reason == "stop"
     assert by_id.text == tiny_tokenizer.decode(ref[:j], skip_special_tokens=True)
     assert [t for d in streamed for t in d.token_ids] == by_id.token_ids
