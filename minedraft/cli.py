@@ -386,5 +386,19 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The console script: main(), then exit without the interpreter's teardown. Everything that matters (workers,
+    shared memory, sockets) was released by main(); with torch and transformers loaded the teardown alone takes
+    about 3 s, which `serve` would add to every SIGTERM and `generate` to every run."""
+    rc = main()
+    import logging
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(rc if isinstance(rc, int) else 0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -114,3 +114,23 @@ def test_ctrl_c_at_any_moment(tiny_pair, moment):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 130, err
     assert lines == ["minedraft: interrupted"], err
+
+
+@pytest.mark.parametrize("sig,rc", [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_serve_stops_promptly_on_a_signal(tiny_pair, sig, rc):
+    proc = subprocess.Popen([sys.executable, "-m", "minedraft.cli", "serve", "--bind", "tcp://127.0.0.1:*",
+                             "--target", tiny_pair.target, "--draft", tiny_pair.draft, "--log-level", "error"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), start_new_session=True)
+    try:
+        assert "listening on" in proc.stdout.readline().decode()
+        t0 = time.monotonic()
+        os.killpg(proc.pid, sig)  # SIGINT to the group, as Ctrl-C in a terminal; SIGTERM likewise reaches all
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == rc, err
+    assert took < 2.0, f"serve took {took:.2f} s to exit"  # about 3 s of interpreter teardown before
+    lines = [ln for ln in err.decode().splitlines() if ln.strip()]
+    assert lines == (["minedraft: interrupted"] if sig == signal.SIGINT else []), lines
