@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -200,7 +201,9 @@ async def attack_engine(args, out: dict) -> None:
     from minedraft.config import EngineConfig
     from minedraft.engine import Engine
     kw = {k: getattr(args, k) for k in ("target", "draft") if getattr(args, k)}
-    cfg = EngineConfig(**kw, heartbeat_timeout_s=args.heartbeat, max_tokens_limit=256)
+    if "heartbeat_timeout_s" in EngineConfig.__dataclass_fields__:  # absent before liveness existed
+        kw["heartbeat_timeout_s"] = args.heartbeat
+    cfg = EngineConfig(**kw, max_tokens_limit=256)
     e = await Engine.start(cfg)
     await e.generate("The class statement", {"max_tokens": 16})
     procs = list(e.procs)
@@ -224,10 +227,16 @@ async def attack_engine(args, out: dict) -> None:
     await asyncio.sleep(1.0)
     os.kill(e.procs[1].pid, signal.SIGSTOP)
     t0 = time.monotonic()
-    res = await asyncio.gather(*tasks, return_exceptions=True)
+    cap = args.heartbeat + 10
+    done, pending = await asyncio.wait(tasks, timeout=cap)
     detect = time.monotonic() - t0
+    for t in pending:
+        t.cancel()
+    res = [t.exception() if t.done() and not t.cancelled() else None for t in tasks]
     failed = sum(type(r).__name__ == "EngineDeadError" for r in res)
     health = e.health()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(e.procs[1].pid, signal.SIGCONT)  # (before liveness) so shutdown can stop it
     await e.shutdown()
     out["engine"] = {"idle_shutdown_s": round(idle, 2), "idle_exit_codes": idle_codes,
                      "loaded_shutdown_s": round(loaded, 2), "loaded_exit_codes": loaded_codes,
@@ -235,8 +244,10 @@ async def attack_engine(args, out: dict) -> None:
                      "sigstop_failed": f"{failed}/{len(res)}", "health_ok_after": health["ok"]}
     print(f"engine shutdown: {idle:.2f} s idle (worker exit codes {idle_codes}), {loaded:.2f} s with 32 requests "
           f"running (exit codes {loaded_codes})", flush=True)
-    print(f"SIGSTOPped verifier: {failed}/{len(res)} pending requests failed with EngineDeadError {detect:.2f} s "
-          f"later (heartbeat_timeout_s={args.heartbeat:g}); health ok={health['ok']}", flush=True)
+    print(f"SIGSTOPped verifier: {failed}/{len(res)} pending requests failed with EngineDeadError "
+          f"{'within' if not pending else 'not all after'} {detect:.2f} s (heartbeat_timeout_s={args.heartbeat:g}); "
+          f"health ok={health['ok']}", flush=True)
+
 
 
 ATTACKS = {"flood": attack_flood, "stall": attack_stall, "sigterm": attack_sigterm, "engine": attack_engine}

@@ -31,7 +31,7 @@ HB = 1.5  # heartbeat_timeout_s in these tests: short, so they run fast
 
 def _cfg(pair, **kw) -> EngineConfig:
     base = dict(target=pair.target, draft=pair.draft, k=3, max_prompt_tokens=64, max_tokens_limit=256,
-                kv_cache_tokens=8192, max_batch_size=8, heartbeat_timeout_s=HB)
+                kv_cache_tokens=8192, max_batch_size=8)
     base.update(kw)
     return EngineConfig(**base)
 
@@ -57,7 +57,7 @@ async def _collect_failures(engine, n: int, max_tokens: int = 250):
 
 @pytest.mark.parametrize("who", ["verifier", "drafter"])
 async def test_sigstopped_worker_fails_pending_requests(tiny_pair, who):
-    engine = await Engine.start(_cfg(tiny_pair))
+    engine = await Engine.start(_cfg(tiny_pair, heartbeat_timeout_s=HB))
     pids = [p.pid for p in engine.procs]
     victim = pids[0 if who == "drafter" else 1]
     try:
@@ -94,7 +94,7 @@ async def test_sigstopped_worker_fails_pending_requests(tiny_pair, who):
 async def test_step_longer_than_deadline_is_hung(tiny_pair):
     """The main loop stuck in one step (here a 30 s sleep standing in for a hung forward) while the heartbeat
     thread keeps beating: still hung."""
-    engine = await Engine.start(_cfg(tiny_pair), fault=["verifier", "verify", 2, "sleep", 30])
+    engine = await Engine.start(_cfg(tiny_pair, heartbeat_timeout_s=HB), fault=["verifier", "verify", 2, "sleep", 30])
     try:
         t0 = time.monotonic()
         with pytest.raises(EngineDeadError, match="minedraft-verifier.*stuck in one step"):
