@@ -72,6 +72,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "(default: the tiny pair bundled with minedraft, %(default)s)")
     g.add_argument("--draft", default=DEFAULT_DRAFT, metavar="DIR",
                    help="draft model directory; must share the target's tokenizer (default: %(default)s)")
+    g.add_argument("--model", default=None, metavar="NAME",
+                   help="a named pair instead of --target/--draft: 'tiny' (bundled) or a pulled one such as "
+                        "smollm2-135m (see `minedraft models list`)")
     g.add_argument("--mode", choices=MODES, default=_default("mode"),
                    help="minedraft: draft one batch while verifying the other; sequential: standard "
                         "speculative decoding; autoregressive: target alone")
@@ -90,7 +93,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _engine_kw(a) -> dict:
-    return dict(target=a.target, draft=a.draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k,
+    target, draft = (a.target, a.draft)
+    if a.model:
+        from .cli_models import resolve_model
+        target, draft = resolve_model(a.model)
+    return dict(target=target, draft=draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k,
                 max_prompt_tokens=a.max_prompt_tokens, dtype=a.dtype, target_device=a.target_device,
                 draft_device=a.draft_device)
 
@@ -186,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--name", default="server", help="file name stem")
     k.add_argument("--force", action="store_true", help="overwrite existing files")
     k.set_defaults(func=cmd_keygen)
+
+    # models ---------------------------------------------------------------------------------------------------
+    from .cli_models import add_parser as add_models_parser
+    add_models_parser(sub, _Formatter)
 
     # bench ----------------------------------------------------------------------------------------------------
     b = sub.add_parser("bench", add_help=False, help="benchmarks (all arguments go to minedraft.bench; "

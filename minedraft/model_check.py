@@ -95,8 +95,14 @@ def check_pair(target: str, draft: str, need_draft: bool = True):
     tok = load_tokenizer(target, "target")
     tcfg = AutoConfig.from_pretrained(target, local_files_only=True)
     if need_draft:
+        from .workers.model_runner import load_vocab_map
         dcfg = AutoConfig.from_pretrained(draft, local_files_only=True)
-        if tcfg.vocab_size != dcfg.vocab_size:
-            raise ModelDirError(f"draft vocab {dcfg.vocab_size} ({draft}) != target vocab {tcfg.vocab_size} "
+        try:
+            vmap = load_vocab_map(draft)  # a reduced-vocabulary draft names the vocabulary it maps into
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ModelDirError(f"draft model directory {draft} has an unusable vocabulary map ({e})") from None
+        dvocab = vmap[1] if vmap else dcfg.vocab_size
+        if tcfg.vocab_size != dvocab:
+            raise ModelDirError(f"draft vocab {dvocab} ({draft}) != target vocab {tcfg.vocab_size} "
                                 f"({target}): the pair must share a tokenizer")
     return tok, tcfg.vocab_size, eos_ids(tcfg, tok)

@@ -7,6 +7,8 @@ paged cache. That covers the Llama family (Llama, Mistral, Qwen2, Qwen3: same bl
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +30,7 @@ except ImportError:  # pragma: no cover
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 SUPPORTED = {"llama", "mistral", "qwen2", "qwen3"}
+VOCAB_MAP_FILE = "draft_vocab.json"  # a draft whose vocabulary is a subset of its target's (see load_vocab_map)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -40,6 +43,22 @@ def load_causal_lm(path: str, device="cpu", dtype="float32"):
     if kind not in SUPPORTED:
         raise ValueError(f"model type {kind!r} at {path} is not supported (supported: {sorted(SUPPORTED)})")
     return model.to(device).eval()
+
+
+def load_vocab_map(path: str) -> tuple[list[int], int] | None:
+    """A reduced-vocabulary draft carries draft_vocab.json: {"target_vocab_size": V, "token_ids": [...]}. Its row i
+    is target token token_ids[i]; its last row stands for every other token (inputs only, never proposed). Its
+    probability outside token_ids is exactly zero, so rejection sampling stays lossless: the verifier's residual
+    max(0, p - q) simply keeps p there."""
+    f = os.path.join(path, VOCAB_MAP_FILE)
+    if not os.path.exists(f):
+        return None
+    with open(f) as fh:
+        m = json.load(fh)
+    ids, V = [int(t) for t in m["token_ids"]], int(m["target_vocab_size"])
+    if len(set(ids)) != len(ids) or not all(0 <= t < V for t in ids):
+        raise ValueError(f"{f}: token_ids must be distinct ids below target_vocab_size={V}")
+    return ids, V
 
 
 @dataclass
@@ -55,7 +74,7 @@ class _Plan:
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache_tokens: int, block_size: int = 16):
+    def __init__(self, model, kv_cache_tokens: int, block_size: int = 16, vocab_map=None):
         self.model = model
         cfg = model.config
         self.config = cfg
@@ -68,6 +87,14 @@ class ModelRunner:
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
         self.vocab_size = cfg.vocab_size
+        self.token_ids = self.in_map = None  # reduced-vocabulary draft: target id -> own id, own id -> target id
+        if vocab_map is not None:
+            ids, self.vocab_size = vocab_map
+            if len(ids) + 1 != cfg.vocab_size:
+                raise ValueError(f"draft_vocab.json lists {len(ids)} tokens; the model needs {cfg.vocab_size - 1}")
+            self.in_map = torch.full((self.vocab_size,), len(ids), dtype=torch.long)
+            self.in_map[torch.tensor(ids)] = torch.arange(len(ids))
+            self.token_ids = torch.tensor(ids, device=self.device)
         window = getattr(cfg, "sliding_window", None)
         self.sliding_window = window if window and getattr(cfg, "use_sliding_window", True) else None
         self.cache = PagedKVCache(cfg.num_hidden_layers, self.num_kv_heads, self.head_dim, kv_cache_tokens,
@@ -76,7 +103,7 @@ class ModelRunner:
     @classmethod
     def from_pretrained(cls, path: str, kv_cache_tokens: int, block_size: int = 16, device="cpu",
                         dtype="float32") -> "ModelRunner":
-        return cls(load_causal_lm(path, device, dtype), kv_cache_tokens, block_size)
+        return cls(load_causal_lm(path, device, dtype), kv_cache_tokens, block_size, load_vocab_map(path))
 
     # -- planning ----------------------------------------------------------------------------------
     def _plan(self, seq_ids, token_lists, num_logits: int) -> _Plan:
@@ -89,6 +116,8 @@ class ModelRunner:
         ids = torch.zeros(B, T, dtype=torch.long)
         for b, toks in enumerate(token_lists):
             ids[b, :lens[b]] = torch.tensor(toks, dtype=torch.long)
+        if self.in_map is not None:
+            ids = self.in_map[ids]
         read = cache.batch_slots(seq_ids, totals)
         t = torch.arange(T)
         starts_t, lens_t, totals_t = (torch.tensor(x) for x in (starts, lens, totals))
@@ -164,4 +193,8 @@ class ModelRunner:
             self.cache.extend(sid, len(toks))
         rows = torch.arange(B, device=self.device)[:, None]
         h = self.norm(h[rows, p.last_index])             # [B, n, H]
-        return self.lm_head(h).float()
+        logits = self.lm_head(h).float()
+        if self.token_ids is None:
+            return logits
+        full = torch.full((*logits.shape[:-1], self.vocab_size), float("-inf"), device=self.device)
+        return full.index_copy_(-1, self.token_ids, logits[..., :-1])  # the 'other' row is never proposed
