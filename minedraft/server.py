@@ -645,8 +645,6 @@ async def serve(engine_config, bind: str, *, ready=None, **server_kw) -> int | N
     signal that stopped it (None when cancelled)."""
     import signal
 
-    from .engine import Engine
-
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     got: list[int] = []
@@ -662,7 +660,8 @@ async def serve(engine_config, bind: str, *, ready=None, **server_kw) -> int | N
     server = Server(None, bind, **server_kw)
     engine = stopping = None
     try:
-        server.bind()  # errors (address in use, ...) surface before the models load
+        server.bind()  # errors (address in use, ...) surface before the models load, and before torch loads
+        from .engine import Engine
         starting = asyncio.ensure_future(Engine.start(engine_config))
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -134,3 +134,17 @@ def test_serve_stops_promptly_on_a_signal(tiny_pair, sig, rc):
     assert took < 2.0, f"serve took {took:.2f} s to exit"  # about 3 s of interpreter teardown before
     lines = [ln for ln in err.decode().splitlines() if ln.strip()]
     assert lines == (["minedraft: interrupted"] if sig == signal.SIGINT else []), lines
+
+
+def test_bind_refusal_answers_before_torch_loads():
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "minedraft.cli", "serve", "--bind", f"tcp://127.0.0.1:{port}"],
+                             capture_output=True, text=True, env=_env(), timeout=120)
+        took = time.monotonic() - t0
+    assert out.returncode == 1 and "cannot bind" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert took < 2.0, f"bind refusal took {took:.1f} s"
