@@ -66,7 +66,7 @@ class _Worker:
         self.status.setsockopt(zmq.LINGER, 1000)
         self.status.connect(spec["addr"]["status"])
         self.slots = None
-        self.last_tick = time.monotonic()
+        self.last_tick: float | None = None  # None during setup (loading), which worker_start_timeout_s bounds
         self._hb_stop = threading.Event()
         self._hb = None
         if spec.get("heartbeat_s"):
@@ -89,8 +89,9 @@ class _Worker:
         try:
             while not self._hb_stop.wait(self.spec["heartbeat_s"]):
                 try:
-                    sock.send(pack({"t": "hb", "who": self.name, "busy_s": time.monotonic() - self.last_tick}),
-                              zmq.NOBLOCK)
+                    last = self.last_tick
+                    busy = 0.0 if last is None else time.monotonic() - last
+                    sock.send(pack({"t": "hb", "who": self.name, "busy_s": busy}), zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
         finally:
