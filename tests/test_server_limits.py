@@ -117,7 +117,7 @@ async def test_oversize_prompt_flood_does_not_stall_another_stream(engine):
     async with Server(engine, "tcp://127.0.0.1:*") as s, Client(s.endpoint, timeout=REPLY_TIMEOUT) as good:
         huge = msgpack.packb(_req(prompt=[1] * 1_000_000))
         big = msgpack.packb(_req(prompt=[1] * 60_000))
-        assert len(huge) > s.hard_limit and s.max_message_bytes > len(big)
+        assert s.max_message_bytes > len(big)  # decoded, then refused by length
         gaps: list[float] = []
         flooding = True
 
