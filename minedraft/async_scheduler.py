@@ -84,8 +84,23 @@ class AsyncScheduler:
         self._probes: dict[int, asyncio.Future] = {}
         self._probe_parts: dict[int, dict] = {}
         self._probe_ids = itertools.count()
-        self.on_verdict = None  # hook: callable(verdict msg), e.g. adaptive k
         self.beats: dict[str, tuple[float, float]] = {}  # worker -> (when its last heartbeat came, its busy_s)
+        # callables(verdict msg), run in order after each verdict is applied: adaptive k, step stats, metrics
+        self.verdict_listeners: list = []
+        self._hook = None
+
+    @property
+    def on_verdict(self):
+        return self._hook
+
+    @on_verdict.setter
+    def on_verdict(self, fn) -> None:
+        """The one-hook form (adaptive k sets it): replaces the previous hook, keeps the other listeners."""
+        if self._hook in self.verdict_listeners:
+            self.verdict_listeners.remove(self._hook)
+        self._hook = fn
+        if fn is not None:
+            self.verdict_listeners.append(fn)
 
     # -- start-up ----------------------------------------------------------------------------------
     async def wait_ready(self, procs, timeout: float) -> None:
@@ -247,11 +262,11 @@ class AsyncScheduler:
                     self.cmd.send(pack({"t": "abort", "rids": [r.rid]}))
                 self._release(s)
             self._emit(r.rid, delta)
-        if self.on_verdict:
-            self.on_verdict(m)
+        for fn in self.verdict_listeners:
+            fn(m)
 
-    async def probe(self, timeout: float = 5.0) -> dict:
-        """Ask both workers what their KV caches hold."""
+    async def probe(self, timeout: float = 5.0, keep=("seqs", "cache_seqs", "used_blocks", "waiting")) -> dict:
+        """Ask both workers what their KV caches hold (or, with keep=("cores", "threads"), where they run)."""
         if self.dead:
             raise self.dead
         pid = next(self._probe_ids)
@@ -261,7 +276,6 @@ class AsyncScheduler:
             parts = await asyncio.wait_for(fut, timeout)
         finally:
             self._probes.pop(pid, None)
-        keep = ("seqs", "cache_seqs", "used_blocks", "waiting")
         return {who: {k: m[k] for k in keep if k in m} for who, m in parts.items()}
 
     def set_k(self, k: int) -> None:

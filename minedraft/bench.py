@@ -18,7 +18,9 @@ import time
 
 from tqdm import tqdm
 
+from .bench_baselines import headline, in_process_rows, in_process_runs
 from .config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
+from .cores import available_cores, format_cores
 from .engine import Engine
 from .sampling_params import SamplingParams
 
@@ -85,11 +87,11 @@ def _median(rows: list[dict]) -> dict:
 
 
 def hf_assisted(target: str, draft: str, prompts, max_tokens: int, repeats: int, bar=None,
-                dtype="float32") -> dict:
-    """transformers' assisted generation (assistant_model), batch 1 (its only mode), greedy, one thread."""
+                dtype="float32", threads: int = 1) -> dict:
+    """transformers' assisted generation (assistant_model), batch 1 (its only mode), greedy, `threads` threads."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     dtype = getattr(torch, dtype)
     tok = AutoTokenizer.from_pretrained(target, local_files_only=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -121,11 +123,11 @@ COLS = [("tok_s", "tok/s", "{:8.1f}"), ("lat_p50", "lat p50 s", "{:9.3f}"), ("la
 
 
 def format_table(rows: list[tuple[str, dict]]) -> str:
-    head = f"{'setting':42s}" + "".join(f"{h:>{len(fmt.format(0))+1}s}" for _, h, fmt in COLS)
+    head = f"{'setting':50s}" + "".join(f"{h:>{len(fmt.format(0))+1}s}" for _, h, fmt in COLS)
     lines = [head, "-" * len(head)]
     for name, m in rows:
         cells = "".join(" " + (fmt.format(m[k]) if k in m else " " * len(fmt.format(0))) for k, _, fmt in COLS)
-        lines.append(f"{name:42s}{cells}")
+        lines.append(f"{name:50s}{cells}")
     return "\n".join(lines)
 
 
@@ -135,9 +137,15 @@ async def _bench(args) -> list[tuple[str, dict]]:
     rates = args.rate or [None]
     points = [(k, b, r) for k in ks for b in batches for r in rates]
     modes = [m for m in MODES if m in args.modes]  # target-alone first: it is the reference for "same"
-    per_mode = {"autoregressive": len({(b, r) for _, b, r in points}), "sequential": len(points),
-                "minedraft": len(points) + (len({(b, r) for _, b, r in points}) if args.adaptive else 0)}
-    n_runs = sum(per_mode[m] for m in modes) * args.repeats
+    splits = args.split or [None]
+    allowed = available_cores()
+    for n in splits:
+        if n is not None and not 1 <= n < len(allowed):
+            raise ValueError(f"--split {n}: the drafter needs 1..{len(allowed) - 1} of the {len(allowed)} cores")
+    workloads = len({(b, r) for _, b, r in points})
+    per_mode = {"autoregressive": workloads, "sequential": len(points),
+                "minedraft": len(points) * len(splits) + (workloads if args.adaptive else 0)}
+    n_runs = sum(per_mode[m] for m in modes) * args.repeats + in_process_runs(args, points)
     if args.hf:
         n_runs += args.repeats
     bar = tqdm(total=n_runs, desc="bench", unit="run")
@@ -146,16 +154,20 @@ async def _bench(args) -> list[tuple[str, dict]]:
     # Greedy runs double as a losslessness check: every SD row's outputs against target-alone's, per workload.
     reference: dict = {}
     check = args.temperature == 0 and "autoregressive" in modes
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True,
+                            seed=0 if args.temperature else None)
     for mode in modes:
-        variants = [False, True] if (mode == "minedraft" and args.adaptive) else [False]
-        for adaptive in variants:
+        variants = [(False, None)]
+        if mode == "minedraft":  # the core split sweep; adaptive k runs with the default split
+            variants = [(False, n) for n in splits] + ([(True, None)] if args.adaptive else [])
+        for adaptive, split in variants:
+            cores = dict(draft_cores=allowed[:split], target_cores=allowed[split:]) if split else {}
             cfg = EngineConfig(target=args.target, draft=args.draft, mode=mode, k=max(ks), adaptive_k=adaptive,
                                max_batch_size=max(batches), max_tokens_limit=max(args.max_tokens, 16),
-                               kv_cache_tokens=args.kv_cache_tokens, dtype=args.dtype)
-            want_trace = bool(args.trace or args.plot) and mode == "minedraft" and not adaptive
+                               kv_cache_tokens=args.kv_cache_tokens, dtype=args.dtype, **cores)
+            where = (f" cores={format_cores(cfg.draft_cores)}+{format_cores(cfg.target_cores)}" if split else "")
+            want_trace = bool(args.trace or args.plot) and mode == "minedraft" and not adaptive and split == splits[-1]
             async with Engine(cfg, trace=want_trace) as engine:
-                params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True,
-                                        seed=0 if args.temperature else None)
                 await run_workload(engine, corpus_prompts(2, 99), params, None)  # warm-up
                 seen: set = set()
                 for k, b, r in points:
@@ -181,7 +193,7 @@ async def _bench(args) -> list[tuple[str, dict]]:
                             trace_events = list(engine.scheduler.stats.trace)
                         bar.update(1)
                     name = mode + (" (adaptive k)" if adaptive else "")
-                    tag = ("" if mode == "autoregressive" else f" k={'auto' if adaptive else k}") + f" B={b}"
+                    tag = ("" if mode == "autoregressive" else f" k={'auto' if adaptive else k}") + where + f" B={b}"
                     tag += f" rate={r:g}/s" if r else ""
                     m = _median(runs)
                     if total:
@@ -189,10 +201,13 @@ async def _bench(args) -> list[tuple[str, dict]]:
                     if adaptive and engine.adaptive and engine.adaptive.history:
                         tag = tag.replace("k=auto", f"k=auto(~{statistics.median(engine.adaptive.history):g})")
                     rows.append((name + tag, m))
-    if args.hf:
+    # the baselines a user would run instead: one process, every core the engine may use
+    rows += in_process_rows(args, points, lambda n, rep: corpus_prompts(n, seed=rep), params, reference, bar)
+    if args.hf:  # batch 1 only: its name puts it in the B=1 workload, the only rows it is compared with
         prompts = corpus_prompts(args.hf_prompts, seed=0)
-        rows.append((f"hf assisted batch=1 B={batches[-1]}", hf_assisted(args.target, args.draft, prompts, args.max_tokens,
-                                                          args.repeats, bar, args.dtype)))
+        rows.append((f"hf assisted ({len(allowed)} threads) B=1",
+                     hf_assisted(args.target, args.draft, prompts, args.max_tokens, args.repeats, bar, args.dtype,
+                                 threads=len(allowed))))
     bar.close()
     if trace_events:
         from .trace import plot_timeline, write_chrome_trace
@@ -253,7 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     p.add_argument("--repeats", type=int, default=3, help="runs per setting; medians are reported (default: 3)")
     p.add_argument("--adaptive", action="store_true", help="also run minedraft with adaptive k")
-    p.add_argument("--hf", action="store_true", help="also run transformers' assisted generation (batch 1)")
+    p.add_argument("--split", type=int, nargs="+",
+                   help="minedraft core splits to sweep: the drafter gets the first N allowed cores, the verifier "
+                        "the rest, e.g. --split 1 2 3 (default: the engine's default split)")
+    p.add_argument("--hf", action="store_true", help="also run transformers' assisted generation (batch 1; compared "
+                   "only with the B=1 rows)")
     p.add_argument("--hf-prompts", type=int, default=8, help="prompts for the HF assisted run (default: 8)")
     p.add_argument("--kv-cache-tokens", type=int, default=65536, help="KV cache positions per model")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
@@ -267,10 +286,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        import uvloop
-        rows = uvloop.run(_bench(args))
-    except ImportError:  # pragma: no cover
-        rows = asyncio.run(_bench(args))
+        try:
+            import uvloop
+            rows = uvloop.run(_bench(args))
+        except ImportError:  # pragma: no cover
+            rows = asyncio.run(_bench(args))
+    except ValueError as e:  # a setting the engine rejects (cores, sizes): one line, not a traceback
+        print(f"minedraft bench: error: {e}")
+        return 2
     print()
     print(format_table(rows))
     print()
@@ -282,6 +305,8 @@ def main(argv=None) -> int:
         print(f"\nWARNING: greedy outputs differ from target-alone in: {', '.join(diverged)}."
               + (" Reduced-precision matmuls are not batch-invariant (the target alone changes with batch"
                  " composition); exactness holds in float32." if args.dtype != "float32" else ""))
+    print()
+    print(headline(rows))  # the last line: minedraft against the best of everything else
     return 0
 
 

@@ -23,6 +23,7 @@ from .config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig
 DEFAULT_MAX_QUEUED_REPLIES = 1000  # = server.DEFAULT_MAX_QUEUED_REPLIES (server.py imports zmq: not at --help)
 
 PROG = "minedraft"
+ZMQ_DEFAULT_BIND = "tcp://127.0.0.1:5555"
 _ENGINE_DEFAULTS = EngineConfig.__dataclass_fields__
 
 
@@ -65,6 +66,14 @@ def _positive_int(s: str) -> int:
     return v
 
 
+def _cores(s: str) -> list[int]:
+    from .cores import parse_cores
+    try:
+        return parse_cores(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and engine")
     g.add_argument("--target", default=DEFAULT_TARGET, metavar="DIR",
@@ -90,6 +99,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="'auto' (cuda:0 if available, else cpu), 'cpu' or 'cuda:N'")
     g.add_argument("--draft-device", default=_default("draft_device"), metavar="DEV",
                    help="'auto' (cuda:1 if there are two GPUs, else the target's), 'cpu' or 'cuda:N'")
+    g.add_argument("--draft-cores", type=_cores, default=None, metavar="LIST",
+                   help="CPU cores of the drafter, e.g. 0 or 0-1,4 (default: half of this process's cores in "
+                        "minedraft mode, all of them in the others)")
+    g.add_argument("--target-cores", type=_cores, default=None, metavar="LIST",
+                   help="CPU cores of the verifier, e.g. 1-3 (default: the other half, with the odd core, in "
+                        "minedraft mode; all of them in the others)")
 
 
 def _engine_kw(a) -> dict:
@@ -99,7 +114,7 @@ def _engine_kw(a) -> dict:
         target, draft = resolve_model(a.model)
     return dict(target=target, draft=draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k,
                 max_prompt_tokens=a.max_prompt_tokens, dtype=a.dtype, target_device=a.target_device,
-                draft_device=a.draft_device)
+                draft_device=a.draft_device, draft_cores=a.draft_cores, target_cores=a.target_cores)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when TEXT is generated "
                    "(repeatable)")
     s.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    c = g.add_argument_group("chat")
+    c.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the target "
+                   "tokenizer's chat template (with the assistant turn opened)")
+    c.add_argument("--system", default=None, metavar="TEXT", help="a system message before PROMPT (with --chat)")
     _add_model_args(g)
     o = g.add_argument_group("output")
     o.add_argument("--no-stats", action="store_true", help="do not print the summary line to stderr")
@@ -144,13 +163,27 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Only loopback addresses (and ipc://) are allowed unless --allow-remote is "
                                    "given. With --curve-secret-key, traffic is encrypted and clients must know "
                                    "the server's public key; add --curve-client-keys to also admit only known "
-                                   "clients.")
+                                   "clients.\n\n"
+                                   "With --http HOST:PORT it also (or, without --bind, only) serves the "
+                                   "OpenAI-compatible HTTP API, /metrics and the dashboard at / on the same "
+                                   "engine (README: HTTP API).")
     n = v.add_argument_group("network")
-    n.add_argument("--bind", default="tcp://127.0.0.1:5555", metavar="ENDPOINT",
+    n.add_argument("--bind", default=None, metavar="ENDPOINT",
                    help="ZeroMQ endpoint to bind, e.g. tcp://127.0.0.1:5555, tcp://127.0.0.1:* (a free port), "
-                        "tcp://[::1]:5555 or ipc:///tmp/minedraft.sock")
+                        "tcp://[::1]:5555 or ipc:///tmp/minedraft.sock (default: tcp://127.0.0.1:5555 unless "
+                        "--http is given alone)")
+    n.add_argument("--http", default=None, metavar="HOST:PORT",
+                   help="also serve the OpenAI-compatible HTTP API, /metrics and the dashboard, e.g. "
+                        "127.0.0.1:8000 (port 0: a free one)")
+    n.add_argument("--api-key", default=None, metavar="KEY",
+                   help="HTTP only: require 'Authorization: Bearer KEY' on /v1/* (default: the "
+                        "MINEDRAFT_API_KEY environment variable if set, else no key)")
+    n.add_argument("--model-name", default=None, metavar="NAME",
+                   help="HTTP only: the model id clients send and /v1/models lists (default: --model's name "
+                        "if given, else the target directory's name)")
     n.add_argument("--allow-remote", action="store_true",
-                   help="allow binding a non-loopback address (0.0.0.0, *, a LAN address, an interface name)")
+                   help="allow binding a non-loopback address (0.0.0.0, *, a LAN address, an interface name), "
+                        "for --bind and --http")
     n.add_argument("--curve-secret-key", metavar="FILE", default=None,
                    help="turn on CURVE encryption with this server secret key (z85, from `minedraft keygen`)")
     n.add_argument("--curve-public-key", metavar="FILE", default=None,
@@ -253,6 +286,8 @@ def _generate_config(a) -> EngineConfig:
 
 def cmd_generate(a) -> int:
     prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
+    if a.system is not None and not a.chat:
+        return _fail("--system needs --chat")
     if not prompt:
         return _fail("PROMPT is empty (give the text to continue, or '-' to read it from stdin)")
     if len(prompt) > 16 * a.max_prompt_tokens:  # the engine's cheap pre-tokenizer bound, checked up front
@@ -282,7 +317,13 @@ def cmd_generate(a) -> int:
         async with Engine(cfg) as engine:
             t_start = time.perf_counter() - t0
             final = None
-            async for d in engine.stream(prompt, params):
+            if a.chat:
+                msgs = ([{"role": "system", "content": a.system}] if a.system is not None else []) + \
+                    [{"role": "user", "content": prompt}]
+                deltas = engine.stream_chat(msgs, params)
+            else:
+                deltas = engine.stream(prompt, params)
+            async for d in deltas:
                 if d.text:
                     sys.stdout.write(d.text)
                     sys.stdout.flush()
@@ -318,6 +359,10 @@ def _quiet_libraries() -> None:
 # -- serve ------------------------------------------------------------------------------------------------------
 def cmd_serve(a) -> int:
     import logging
+    if a.http is not None:
+        return _serve_http(a)
+    if a.bind is None:
+        a.bind = ZMQ_DEFAULT_BIND
 
     from .server import BindError, check_bind, serve
     from .errors import MinedraftError
@@ -348,6 +393,46 @@ def cmd_serve(a) -> int:
         return _fail(f"{type(e).__name__}: {e}", 1)
     if sig == signal.SIGINT:
         raise KeyboardInterrupt  # stopped cleanly by Ctrl-C: main() reports it like any other interrupt
+    return 0
+
+
+def _serve_http(a) -> int:
+    import logging
+
+    from .errors import MinedraftError
+    from .http.serve import HTTPBindError, bind_socket
+    from .server import BindError, check_bind
+    logging.basicConfig(level=getattr(logging, a.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # addresses first: a refused or busy one fails before the models load
+        bind_socket(a.http, a.allow_remote).close()
+        if a.bind is not None:
+            check_bind(a.bind, a.allow_remote)
+        cfg = EngineConfig(**_engine_kw(a), max_tokens_limit=a.max_tokens_limit, max_batch_size=a.max_batch_size,
+                           kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue)
+    except (HTTPBindError, BindError, ValueError) as e:
+        return _fail(str(e))
+    _quiet_libraries()
+    from .http.serve import serve_http
+
+    def ready(lines):
+        print("\n".join(lines), flush=True)
+
+    api_key = a.api_key if a.api_key is not None else os.environ.get("MINEDRAFT_API_KEY") or None
+    try:
+        # a named pair (--model, where the CLI has it) is also the id clients send
+        model_name = a.model_name or getattr(a, "model", None)
+        _run_async(serve_http(cfg, a.http, zmq_bind=a.bind, api_key=api_key, model_name=model_name,
+                              allow_remote=a.allow_remote, ready=ready, max_body_bytes=a.max_message_bytes,
+                              log_level="warning" if a.log_level == "info" else a.log_level,
+                              curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
+                              curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
+                              max_inflight_per_client=a.max_inflight_per_client), not a.no_uvloop)
+    except (HTTPBindError, BindError, ValueError, MinedraftError) as e:
+        return _fail(str(e), 1)
+    except Exception as e:
+        logging.getLogger("minedraft.http").debug("serve failed", exc_info=True)
+        return _fail(f"{type(e).__name__}: {e}", 1)
     return 0
 
 

@@ -33,6 +33,8 @@ class EngineConfig:
     # is declared hung: every pending request fails with EngineDeadError. Generous, because a big model's
     # forward on a loaded CPU can take seconds.
     heartbeat_timeout_s: float = 60.0
+    draft_cores: list[int] | str | None = None   # CPU cores of the drafter, e.g. [0] or "0-1"; None = default split
+    target_cores: list[int] | str | None = None  # of the verifier; see minedraft/cores.py for the default rule
 
     def __post_init__(self):
         self.validate()
@@ -69,6 +71,14 @@ class EngineConfig:
             d = getattr(self, name)
             if not (d in ("auto", "cpu") or (d.startswith("cuda") and d[4:] in ("", *(f":{i}" for i in range(64))))):
                 bad(f"{name} must be 'auto', 'cpu' or 'cuda:N', got {d!r}")
+        from .cores import parse_cores, resolve
+        try:
+            for name in ("draft_cores", "target_cores"):  # normalise "0-2" to [0, 1, 2]
+                if isinstance(getattr(self, name), str):
+                    setattr(self, name, parse_cores(getattr(self, name)))
+            resolve(self.draft_cores, self.target_cores, self.mode)
+        except ValueError as e:
+            bad(str(e))
         for name in ("target", "draft"):
             p = getattr(self, name)
             if not os.path.isdir(p):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import os
 import shutil
 import signal
 import tempfile
@@ -22,10 +21,12 @@ import zmq.asyncio
 
 from .async_scheduler import AsyncScheduler
 from .config import EngineConfig
+from .cores import resolve as resolve_cores
 from .errors import EngineDeadError
 from .ipc.tensors import create_shm, destroy_shm, slot_nbytes
 from .outputs import GenerationResult, StreamDelta
 from .sampling_params import SamplingParams
+from .step_stats import StepStats
 from .workers.process import drafter_main, verifier_main
 
 WATCH_S = 0.1
@@ -78,6 +79,7 @@ class Engine:
         self._ready = False
         self.tokenizer = None
         self.adaptive = None
+        self.step_stats: StepStats | None = None
 
     @classmethod
     async def start(cls, config: EngineConfig | None = None, **kw) -> "Engine":
@@ -98,13 +100,13 @@ class Engine:
         loop = asyncio.get_running_loop()
         self.tokenizer, vocab, eos = await loop.run_in_executor(None, _load_tokenizer_and_meta, cfg)
         draft_dev, target_dev = _resolve_devices(cfg)
+        draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.mode)  # may raise: first
         self._tmp = tempfile.mkdtemp(prefix="minedraft-")
         addr = {n: f"ipc://{self._tmp}/{n}" for n in ("cmd", "status", "drafts", "verdict_drafter")}
         k = cfg.effective_k
         nbytes = slot_nbytes(cfg.max_batch_size, max(k, 1), vocab)
         if not draft_dev.startswith("cuda"):
             self._shm = create_shm(2, nbytes)
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
         common = {"addr": addr, "k": k, "mode": cfg.mode, "kv_cache_tokens": cfg.kv_cache_tokens,
                   "block_size": cfg.block_size, "dtype": cfg.dtype, "shm": [s.name for s in self._shm],
                   "slot_nbytes": nbytes, "eos": eos, "target": cfg.target, "draft": cfg.draft,
@@ -113,12 +115,14 @@ class Engine:
         try:
             self._ctx = zmq.asyncio.Context()
             self.scheduler = AsyncScheduler(cfg, self.tokenizer, vocab, self._ctx, addr, self._trace)
+            self.step_stats = StepStats(k)
+            self.scheduler.verdict_listeners.append(self.step_stats)
             mpc = mp.get_context("spawn")
             self.procs = [
                 mpc.Process(target=drafter_main, name="minedraft-drafter", daemon=True,
-                            args=({**common, "device": draft_dev, "core": cores[0]},)),
+                            args=({**common, "device": draft_dev, "cores": draft_cores},)),
                 mpc.Process(target=verifier_main, name="minedraft-verifier", daemon=True,
-                            args=({**common, "device": target_dev, "core": cores[-1]},)),
+                            args=({**common, "device": target_dev, "cores": target_cores},)),
             ]
             _start_without_sigint(self.procs)
             await self.scheduler.wait_ready(self.procs, cfg.worker_start_timeout_s)
@@ -208,7 +212,7 @@ class Engine:
             await self.scheduler.close()
         self._cleanup_shm()
         if self._ctx:
-            self._ctx.term()
+            self._ctx.destroy(linger=0)  # also closes sockets a failed start left open
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
@@ -255,12 +259,43 @@ class Engine:
             await follow.aclose()
         return state.result()
 
+    def _chat_request(self, messages, params) -> tuple[list[int], SamplingParams]:
+        from .chat import chat_params, chat_prompt_ids, end_of_turn_id
+        if self.tokenizer is None:
+            raise EngineDeadError("engine not started")
+        if not hasattr(self, "_eot"):  # read from the template once, on the first chat
+            self._eot = end_of_turn_id(self.tokenizer)
+        ids = chat_prompt_ids(self.tokenizer, messages, max_chars=16 * self.config.max_prompt_tokens)
+        return ids, chat_params(params, self._eot)
+
+    async def chat(self, messages, params: SamplingParams | dict | None = None,
+                   request_id: str | None = None) -> GenerationResult:
+        """Answer OpenAI-style messages ([{"role", "content"}]) through the target's chat template; stops at the
+        template's end-of-turn token too (chat.end_of_turn_id)."""
+        ids, params = self._chat_request(messages, params)
+        return await self.generate(ids, params, request_id)
+
+    async def stream_chat(self, messages, params: SamplingParams | dict | None = None,
+                          request_id: str | None = None) -> AsyncIterator[StreamDelta]:
+        """stream() for chat messages; leaving early aborts the request like stream()."""
+        ids, params = self._chat_request(messages, params)
+        inner = self.stream(ids, params, request_id)
+        try:
+            async for delta in inner:
+                yield delta
+        finally:
+            await inner.aclose()
+
     async def abort(self, request_id: str) -> bool:
         return bool(self.scheduler) and self.scheduler.abort(request_id)
 
     async def kv_usage(self) -> dict:
         """What the drafter's and verifier's KV caches hold now (sequences, used blocks)."""
         return await self.scheduler.probe()
+
+    async def placement(self) -> dict:
+        """Where each worker runs: {"drafter": {"cores": [...], "threads": n}, "verifier": {...}}."""
+        return await self.scheduler.probe(keep=("cores", "threads"))
 
     def stats(self) -> dict:
         s = self.scheduler
@@ -272,7 +307,10 @@ class Engine:
                 "draft_time_s": st.draft_time_s, "verify_time_s": st.verify_time_s,
                 "running": len(s.running), "waiting": len(s.waiting), "finished": st.finished,
                 "aborted": st.aborted, "failed": st.failed,
-                "kv_blocks_free": s.free_blocks, "kv_blocks_total": s.total_blocks}
+                "kv_blocks_free": s.free_blocks, "kv_blocks_total": s.total_blocks,
+                # per draft position i: drafts proposed there, and how many were accepted (step_stats.py)
+                "drafted_by_position": list(self.step_stats.drafted_by_pos),
+                "accepted_by_position": list(self.step_stats.accepted_by_pos)}
 
     def health(self) -> dict:
         alive = [p.exitcode is None and not (self.scheduler and self.scheduler.dead) for p in self.procs]

@@ -32,6 +32,12 @@ def bundled_tokens_per_step() -> dict[int, float]:
     return {m["k"]: m["tokens_per_step"] for m in report["measurements"]["speculative"]}
 
 
+def draft_tokens_per_step(report_path: str) -> dict[int, float]:
+    """E(k) from a trained draft's report.json (scripts/train_smollm2_draft.py eval)."""
+    report = json.loads(Path(report_path).read_text())
+    return {int(k): v["tokens_per_step"] for k, v in report["acceptance"].items()}
+
+
 def prime(runner: ModelRunner, rows: list[int], context: int, room: int) -> None:
     """Give each row a cached context of `context` tokens, with room for `room` more."""
     for r in rows:
@@ -72,13 +78,15 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=48, help="tokens already cached per row")
     ap.add_argument("--repeats", type=int, default=41)
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--draft-report", default=None, metavar="JSON",
+                    help="a trained draft's report.json for E(k) (default: the bundled pair's training report)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     B, H = a.batch, a.batch // 2
     bar = tqdm(total=len(a.dtypes) * 2 * (a.max_k + 1), desc="verify calls", unit="setting")
     res = {dt: verify_times(a.target, dt, [H, B], a.max_k + 1, a.context, a.repeats, bar) for dt in a.dtypes}
     bar.close()
-    E = bundled_tokens_per_step()
+    E = draft_tokens_per_step(a.draft_report) if a.draft_report else bundled_tokens_per_step()
     for dt, T in res.items():
         print(f"\n{dt}: verify call time in ms (median of {a.repeats}), by tokens scored per row")
         print(f"{'rows':>5s}" + "".join(f"{n:>8d}" for n in range(1, a.max_k + 2)))
@@ -86,7 +94,7 @@ def main(argv=None) -> int:
             print(f"{rows:5d}" + "".join(f"{T[rows, n]:8.2f}" for n in range(1, a.max_k + 2)))
         ar = B / T[B, 1]
         print(f"target-alone B={B}: {ar * 1e3:.0f} tok/s")
-        print(f"{'k':>3s} {'perfect draft':>15s} {'bundled draft':>15s}   (pipeline ceiling, two batches of "
+        print(f"{'k':>3s} {'perfect draft':>15s} {'this draft':>15s}   (pipeline ceiling, two batches of "
               f"{H}, x target-alone)")
         for k in range(1, a.max_k + 1):
             perfect = H * (k + 1) / T[H, k + 1] / ar

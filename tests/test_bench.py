@@ -4,30 +4,41 @@ import asyncio
 import json
 
 from minedraft import bench
+from minedraft.bench_baselines import headline
+from minedraft.cores import available_cores, format_cores
 from minedraft.trace import segments
 
 
 def test_bench_tiny_run(tiny_pair, tmp_path, capsys):
     trace, plot = tmp_path / "t.json", tmp_path / "t.png"
+    cores = available_cores()
+    split = ["--split", str(len(cores) - 1)] if len(cores) > 1 else []  # drafter: all but the last core
     args = bench.build_parser().parse_args(
         ["--target", tiny_pair.target, "--draft", tiny_pair.draft, "--repeats", "1", "--batch", "4",
          "--k", "1", "3", "--max-tokens", "12", "--adaptive", "--trace", str(trace), "--plot", str(plot),
-         "--kv-cache-tokens", "8192"])
+         "--kv-cache-tokens", "8192", *split])
     rows = asyncio.run(bench._bench(args))
     names = [n for n, _ in rows]
+    n = len(cores)
     assert [n.split(" k=")[0].split(" B=")[0] for n in names] == [
-        "autoregressive", "sequential", "sequential", "minedraft", "minedraft", "minedraft (adaptive k)"]
+        "autoregressive", "sequential", "sequential", "minedraft", "minedraft", "minedraft (adaptive k)",
+        f"in-process target alone ({n} threads)", f"in-process sequential SD ({n} threads)",
+        f"in-process sequential SD ({n} threads)"]
+    if split:  # the swept split is in the minedraft rows' names: drafter cores + verifier cores
+        assert f" cores={format_cores(cores[:-1])}+{cores[-1]} B=4" in names[3]
     for name, m in rows:
         assert m["tok_s"] > 0 and 0 < m["lat_p50"] <= m["lat_p99"]
         assert 0 <= m["accept"] <= 1
-        k = 0 if name.startswith("autoregressive") else (3 if "adaptive" in name else int(name.split("k=")[1][0]))
+        k = 0 if "target alone" in name or name.startswith("autoregressive") else (
+            3 if "adaptive" in name else int(name.split("k=")[1][0]))
         assert 1 <= m["mean_len"] <= k + 1 + 1e-9
-        assert m["td_ms"] >= 0 and m["tv_ms"] > 0
-        assert 0 < m["overlap"] <= 1.05  # max(Td, Tv) can never exceed the measured step time (plus noise)
+        if not name.startswith("in-process"):
+            assert m["td_ms"] >= 0 and m["tv_ms"] > 0
+            assert 0 < m["overlap"] <= 1.05  # max(Td, Tv) can never exceed the measured step time (plus noise)
         if not name.startswith("autoregressive"):
             assert m["same"] == 1.0  # greedy float32: every request is the target-alone output
-    seq = [m for n, m in rows if n.startswith("sequential")]
-    assert all(0 < m["accept"] < 1 for m in seq)  # the tiny pair agrees partially
+    seq = [m for n, m in rows if "sequential" in n]
+    assert len(seq) == 4 and all(0 < m["accept"] < 1 for m in seq)  # the tiny pair agrees partially
     # the trace has both lanes with draft and verify work of both batches, and the plot was drawn
     events = json.loads(trace.read_text())["traceEvents"]
     work = {(e["tid"], e["cat"], e["args"]["batch"]) for e in events if e.get("ph") == "X"}
@@ -47,3 +58,36 @@ def test_segments_mark_handover_between_draft_and_verify():
     segs = segments(ev)
     assert ("drafter", "broadcast", 0, 1.0, 1.5) in segs
     assert ("verifier", "return", 0, 3.0, 3.2) in segs
+
+
+def _m(tok_s):
+    return {"tok_s": tok_s}
+
+
+def test_headline_compares_best_minedraft_with_best_of_everything_else():
+    rows = [("autoregressive B=16", _m(100)), ("sequential k=3 B=16", _m(120)), ("minedraft k=3 B=16", _m(150)),
+            ("minedraft k=4 B=16", _m(140)), ("in-process target alone (2 threads) B=16", _m(200)),
+            ("in-process sequential SD (2 threads) k=3 B=16", _m(180)),
+            ("autoregressive B=1", _m(20)), ("minedraft k=3 B=1", _m(30)), ("hf assisted (2 threads) B=1", _m(60))]
+    line = headline(rows)
+    assert line.startswith("headline:")
+    # B=16: best minedraft (k=3, 150) over the best other row (in-process target alone, 200), not over sequential
+    assert "[B=16] 0.75x (minedraft k=3 150 tok/s vs in-process target alone (2 threads) 200 tok/s)" in line
+    # the batch-1 HF row is compared at B=1 only
+    assert "[B=1] 0.50x (minedraft k=3 30 tok/s vs hf assisted (2 threads) 60 tok/s)" in line
+
+
+def test_headline_is_the_last_line_printed(monkeypatch, capsys):
+    rows = [("autoregressive B=4", _m(100)), ("minedraft k=3 B=4", _m(130))]
+
+    async def fake(args):
+        return rows
+    monkeypatch.setattr(bench, "_bench", fake)
+    assert bench.main([]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == headline(rows) and "1.30x" in out[-1]
+
+
+def test_bad_split_is_one_line_error(capsys):
+    assert bench.main(["--split", str(len(available_cores()))]) == 2
+    assert "--split" in capsys.readouterr().out

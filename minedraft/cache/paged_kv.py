@@ -56,7 +56,6 @@ class PagedKVCache:
         self._tables: dict[object, list[int]] = {}
         self._lengths: dict[object, int] = {}
         self._capacity: dict[object, int] = {}
-        self._table_t: dict[object, torch.Tensor] = {}
 
     # -- admission and life-cycle ------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -74,7 +73,6 @@ class PagedKVCache:
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r} already has cache")
         self._tables[seq_id] = self.allocator.allocate(self.blocks_for(num_tokens))
-        self._table_t[seq_id] = torch.tensor(self._tables[seq_id], dtype=torch.long)
         self._lengths[seq_id] = 0
         self._capacity[seq_id] = len(self._tables[seq_id]) * self.block_size
 
@@ -82,7 +80,7 @@ class PagedKVCache:
         blocks = self._tables.pop(seq_id, None)
         if blocks is not None:
             self.allocator.free(blocks)
-            del self._lengths[seq_id], self._capacity[seq_id], self._table_t[seq_id]
+            del self._lengths[seq_id], self._capacity[seq_id]
 
     def __contains__(self, seq_id) -> bool:
         return seq_id in self._tables
@@ -121,10 +119,8 @@ class PagedKVCache:
                 raise MemoryError(f"sequence {sid!r} needs {n} positions, reserved {self._capacity[sid]}")
         S = max(totals)
         nb = self.blocks_for(S)
-        tables = torch.zeros(len(seq_ids), nb, dtype=torch.long)
-        for b, sid in enumerate(seq_ids):
-            t = self._table_t[sid][:nb]
-            tables[b, :len(t)] = t
+        rows = [self._tables[sid][:nb] for sid in seq_ids]
+        tables = torch.tensor([r + [0] * (nb - len(r)) for r in rows], dtype=torch.long)  # one call for the batch
         pos = torch.arange(S)
         slots = tables[:, pos // self.block_size] * self.block_size + pos % self.block_size
         return slots.masked_fill(pos[None, :] >= torch.tensor(totals)[:, None], 0)

@@ -81,6 +81,8 @@ class DraftSlots:
     def write(self, slot: int, drafts: list[list[int]], q: torch.Tensor | None) -> dict:
         """Store one batch's drafts; return the descriptor that travels in the message."""
         B, k = len(drafts), len(drafts[0]) if drafts else 0
+        if not k:  # autoregressive: nothing to store; skipping the slot saves tensor calls on every step
+            return {"slot": slot, "B": B, "k": 0, "V": 0}
         tok = self._view(slot, 0, torch.int64, (B, k))
         tok.copy_(torch.tensor(drafts, dtype=torch.int64).view(B, k))
         desc = {"slot": slot, "B": B, "k": k, "V": 0}
@@ -94,6 +96,8 @@ class DraftSlots:
 
     def read(self, desc: dict) -> tuple[list[list[int]], torch.Tensor | None]:
         B, k, V, slot = desc["B"], desc["k"], desc["V"], desc["slot"]
+        if not k:
+            return [[] for _ in range(B)], None
         drafts = self._view(slot, 0, torch.int64, (B, k)).tolist()
         q = self._view(slot, B * k * 8, torch.float32, (B, k, V)) if V else None
         return drafts, q

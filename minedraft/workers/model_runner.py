@@ -34,6 +34,23 @@ VOCAB_MAP_FILE = "draft_vocab.json"  # a draft whose vocabulary is a subset of i
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def layer_windows(cfg) -> list[int | None]:
+    """The sliding window of each layer (None = full attention), decided the way transformers decides it:
+    Mistral windows every layer when `sliding_window` is set; Qwen2/Qwen3 read `config.layer_types`, which their
+    configs derive from `use_sliding_window` and `max_window_layers` (layers from max_window_layers on slide)."""
+    n = cfg.num_hidden_layers
+    window = getattr(cfg, "sliding_window", None)
+    if not window or getattr(cfg, "use_sliding_window", True) is False:
+        return [None] * n
+    types = getattr(cfg, "layer_types", None)
+    if cfg.model_type == "mistral" or types is None:
+        return [window] * n
+    unknown = set(types) - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise ValueError(f"attention layer types {sorted(unknown)} are not supported")
+    return [window if t == "sliding_attention" else None for t in types]
+
+
 def load_causal_lm(path: str, device="cpu", dtype="float32"):
     """Load a local Hugging Face causal LM; no hub access (local_files_only)."""
     hf_logging.disable_progress_bar()
@@ -69,7 +86,7 @@ class _Plan:
     write_slots: torch.Tensor   # [N] flat cache index of each real (non-pad) input token
     real_rows: torch.Tensor | None  # [N] index into the flattened [B*T] tokens of the real ones; None = all
     read_slots: torch.Tensor    # [B*S] flat cache index of each key position (0 past the end), row-major
-    mask: torch.Tensor          # [B, 1, T, S] bool, True = may attend
+    masks: list[torch.Tensor]   # per layer [B, 1, T, S] bool, True = may attend (layers share equal ones)
     last_index: torch.Tensor    # [B, n] index into T of the last n real tokens per row
 
 
@@ -95,8 +112,7 @@ class ModelRunner:
             self.in_map = torch.full((self.vocab_size,), len(ids), dtype=torch.long)
             self.in_map[torch.tensor(ids)] = torch.arange(len(ids))
             self.token_ids = torch.tensor(ids, device=self.device)
-        window = getattr(cfg, "sliding_window", None)
-        self.sliding_window = window if window and getattr(cfg, "use_sliding_window", True) else None
+        self.layer_windows = layer_windows(cfg)
         self.cache = PagedKVCache(cfg.num_hidden_layers, self.num_kv_heads, self.head_dim, kv_cache_tokens,
                                   block_size, self.dtype, self.device)
 
@@ -113,9 +129,8 @@ class ModelRunner:
         B, T = len(seq_ids), max(lens)
         totals = [s + n for s, n in zip(starts, lens)]
         S = max(totals)
-        ids = torch.zeros(B, T, dtype=torch.long)
-        for b, toks in enumerate(token_lists):
-            ids[b, :lens[b]] = torch.tensor(toks, dtype=torch.long)
+        ids = torch.tensor([t if n == T else list(t) + [0] * (T - n) for t, n in zip(token_lists, lens)],
+                           dtype=torch.long)  # one tensor call, not one per row: planning runs every step
         if self.in_map is not None:
             ids = self.in_map[ids]
         read = cache.batch_slots(seq_ids, totals)
@@ -124,15 +139,20 @@ class ModelRunner:
         positions = starts_t[:, None] + t[None, :]
         valid = t[None, :] < lens_t[:, None]
         key = torch.arange(S)[None, None, :]
-        mask = (key <= positions[:, :, None]) & (key < totals_t[:, None, None])
-        if self.sliding_window:
-            mask &= key > positions[:, :, None] - self.sliding_window
-        mask[:, :, 0] |= ~valid  # pad rows attend to something, so softmax stays finite
+        causal = (key <= positions[:, :, None]) & (key < totals_t[:, None, None])
+        causal[:, :, 0] |= ~valid  # pad rows attend to something, so softmax stays finite
+        by_window = {}
+        for w in dict.fromkeys(self.layer_windows):  # one mask per distinct window, shared by its layers
+            m = causal
+            if w:
+                m = causal & (key > positions[:, :, None] - w)
+                m[:, :, 0] |= ~valid
+            by_window[w] = m[:, None].to(dev)
         writes = read.gather(1, positions.clamp(max=S - 1))[valid]
         last = lens_t[:, None] - num_logits + torch.arange(num_logits)[None, :]
         real = None if bool(valid.all()) else valid.reshape(-1).nonzero().squeeze(1).to(dev)
         return _Plan(ids.to(dev), positions.to(dev), writes.to(dev), real,
-                     read.reshape(-1).to(dev), mask[:, None].to(dev), last.to(dev))
+                     read.reshape(-1).to(dev), [by_window[w] for w in self.layer_windows], last.to(dev))
 
     # -- forward -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -165,7 +185,7 @@ class ModelRunner:
         B, T = p.input_ids.shape
         h = self.embed(p.input_ids)
         cos, sin = self.rotary(h, p.positions)
-        S = p.mask.shape[-1]
+        S = p.masks[0].shape[-1]
 
         def real(x):  # [B, T, Hkv, D] -> [N, Hkv, D], pad tokens dropped
             x = x.reshape(B * T, -1, self.head_dim)
@@ -185,7 +205,7 @@ class ModelRunner:
             # index_select on dim 0 copies whole rows: several times faster on CPU than advanced indexing
             keys = kc.index_select(0, p.read_slots).view(B, S, -1, self.head_dim).transpose(1, 2)  # [B,Hkv,S,D]
             vals = vc.index_select(0, p.read_slots).view(B, S, -1, self.head_dim).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=p.mask, scale=attn.scaling,
+            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=p.masks[li], scale=attn.scaling,
                                                enable_gqa=self.num_kv_heads != self.num_heads)
             h = h + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))

@@ -42,13 +42,21 @@ def _guard_parent() -> int:
     return os.getppid()
 
 
-def _pin(device: str, core: int | None):
+def _pin(device: str, cores: list[int] | None):
+    """Run on the given cores with one torch thread per core (see minedraft/cores.py for the split)."""
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(cores))  # before torch starts its thread pool
     import torch
-    torch.set_num_threads(1)
+    torch.set_num_threads(len(cores) if cores else 1)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    elif core is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {core})
+
+
+def placement() -> dict:
+    """Where this worker runs: its allowed cores and torch's intra-op thread count (for probes and tests)."""
+    import torch
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return {"cores": cores, "threads": torch.get_num_threads()}
 
 
 class _Worker:
@@ -60,7 +68,7 @@ class _Worker:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.spec, self.name = spec, name
         self.parent = _guard_parent()
-        _pin(spec["device"], spec.get("core"))
+        _pin(spec["device"], spec.get("cores"))
         self.ctx = zmq.Context()
         self.status = self.ctx.socket(zmq.PUSH)
         self.status.setsockopt(zmq.LINGER, 1000)
@@ -240,7 +248,8 @@ class DrafterProcess(_Worker):
                 elif m["t"] == "set_k":
                     k = max(0, min(self.k_max, int(m["k"]))) if self.k_max else 0
                 elif m["t"] == "probe":
-                    self.report({"t": "probe", "who": "drafter", "id": m["id"], **self._usage(batches, adds)})
+                    self.report({"t": "probe", "who": "drafter", "id": m["id"], **self._usage(batches, adds),
+                                 **placement()})
                     self.pub.send(pack({"t": "probe", "id": m["id"]}))
                 elif m["t"] == "stop":
                     self.pub.send(pack({"t": "stop"}))
@@ -354,7 +363,7 @@ class VerifierProcess(_Worker):
             if m["t"] == "probe":
                 c = self.runner.cache
                 self.report({"t": "probe", "who": "verifier", "id": m["id"], "seqs": len(self.verifier.seqs),
-                             "cache_seqs": c.num_seqs, "used_blocks": c.used_blocks})
+                             "cache_seqs": c.num_seqs, "used_blocks": c.used_blocks, **placement()})
                 continue
             if self.slots is None:
                 self.attach({})

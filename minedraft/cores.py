@@ -1,0 +1,109 @@
+"""Which CPU cores each worker runs on, and how many torch threads it uses.
+
+Default rule (when EngineConfig.draft_cores / target_cores are None), over the cores this process may use
+(os.sched_getaffinity):
+  * minedraft: drafter and verifier run at the same time, so they get disjoint halves; the verifier gets the odd
+    core, because its forward (k + 1 tokens per row through the larger model) is the heavier one. The remaining
+    imbalance between Td and Tv is what k (or adaptive k) tunes, so an even split keeps that knob useful.
+  * sequential: drafter and verifier take turns (draft, wait, verify), so both get every core; a disjoint split
+    would leave half of them idle at every moment.
+  * autoregressive: the verifier gets every core; the drafter runs no model (it only relays empty drafts) and
+    shares them: measured with scripts/step_overhead.py, a drafter on another core than the verifier's, beside
+    the busy scheduler, more than doubled the idle gap between two verify steps.
+A worker pins itself to its set (sched_setaffinity) and sets torch's intra-op threads to its size.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def available_cores() -> list[int]:
+    """The cores this process may run on (all online cores where affinity is not supported)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def parse_cores(text: str) -> list[int]:
+    """'0', '1-3', '0,2,4-5' -> sorted core ids. Raises ValueError on anything else."""
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise ValueError(f"bad core list {text!r}: expected ids and ranges like 0,2-3") from None
+        if a < 0 or b < a:
+            raise ValueError(f"bad core range {part!r} in {text!r}")
+        out.update(range(a, b + 1))
+    return sorted(out)
+
+
+def default_split(cores: list[int], mode: str) -> tuple[list[int], list[int]]:
+    """(draft cores, target cores) by the rule in the module docstring."""
+    cores = sorted(cores)
+    if mode != "minedraft" or len(cores) == 1:
+        return list(cores), list(cores)  # take turns (or nothing else to share with)
+    half = len(cores) // 2
+    return cores[:half], cores[half:]
+
+
+def check_cores(name: str, cores, allowed: list[int]) -> list[int]:
+    """A validated, sorted copy of one core list; ValueError naming the field otherwise."""
+    if isinstance(cores, str):
+        cores = parse_cores(cores)
+    if not isinstance(cores, (list, tuple, set, frozenset)) or not cores:
+        raise ValueError(f"{name} must be a non-empty list of CPU core ids, got {cores!r}")
+    if any(isinstance(c, bool) or not isinstance(c, int) for c in cores):
+        raise ValueError(f"{name} must hold integer core ids, got {cores!r}")
+    outside = sorted(set(cores) - set(allowed))
+    if outside:
+        raise ValueError(f"{name} has cores {outside} this process may not use (allowed: {allowed})")
+    return sorted(set(cores))
+
+
+def resolve(draft_cores, target_cores, mode: str, allowed: list[int] | None = None) -> tuple[list[int], list[int]]:
+    """The (draft, target) core sets a config asks for, defaults filled in and checked.
+
+    In minedraft mode the two sets must be disjoint (both workers compute at once; shared cores would make them
+    fight); in the other modes they take turns, so sets may overlap. Given only one set, the other worker gets
+    the remaining allowed cores in minedraft mode, and the same set otherwise (in autoregressive mode the drafter
+    only relays empty drafts: on the verifier's cores its wake-ups cost a context switch, not a cross-core hop
+    behind the scheduler)."""
+    allowed = sorted(allowed if allowed is not None else available_cores())
+    d = check_cores("draft_cores", draft_cores, allowed) if draft_cores is not None else None
+    t = check_cores("target_cores", target_cores, allowed) if target_cores is not None else None
+    if d is None and t is None:
+        return default_split(allowed, mode)
+    if mode == "minedraft":
+        if d is None:
+            d = [c for c in allowed if c not in t]
+        elif t is None:
+            t = [c for c in allowed if c not in d]
+        if not d or not t:
+            raise ValueError(f"{'draft_cores' if not d else 'target_cores'}: no allowed core is left for it "
+                             f"(allowed: {allowed}); give both sets explicitly")
+        common = sorted(set(d) & set(t))
+        if common:
+            raise ValueError(f"draft_cores and target_cores share cores {common}; in minedraft mode both workers "
+                             "compute at the same time, so the sets must be disjoint")
+    else:  # given one set, the other worker shares it (they take turns)
+        d = d if d is not None else t
+        t = t if t is not None else d
+    return d, t
+
+
+def format_cores(cores: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (the form parse_cores reads)."""
+    out, cores = [], sorted(cores)
+    i = 0
+    while i < len(cores):
+        j = i
+        while j + 1 < len(cores) and cores[j + 1] == cores[j] + 1:
+            j += 1
+        out.append(str(cores[i]) if i == j else f"{cores[i]}-{cores[j]}")
+        i = j + 1
+    return ",".join(out)

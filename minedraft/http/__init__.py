@@ -1,0 +1,2 @@
+"""OpenAI-compatible HTTP front end: Starlette app (app.py), request/response shapes (openai_api.py),
+Prometheus metrics (metrics.py), the dashboard page (static/), and the runner behind `serve --http` (serve.py)."""
