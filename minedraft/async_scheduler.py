@@ -85,6 +85,7 @@ class AsyncScheduler:
         self._probes: dict[int, asyncio.Future] = {}
         self._probe_parts: dict[int, dict] = {}
         self._probe_ids = itertools.count()
+        self.beats: dict[str, tuple[float, float]] = {}  # worker -> (when its last heartbeat came, its busy_s)
         # callables(verdict msg), run in order after each verdict is applied: adaptive k, step stats, metrics
         self.verdict_listeners: list = []
         self._hook = None
@@ -217,7 +218,9 @@ class AsyncScheduler:
             self.fail(EngineDeadError(f"scheduler loop crashed: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
     def _on_status(self, m: dict) -> bool:
-        if m["t"] == "verdict":
+        if m["t"] == "hb":
+            self.beats[m["who"]] = (time.monotonic(), float(m["busy_s"]))
+        elif m["t"] == "verdict":
             self._on_verdict(m)
         elif m["t"] == "probe":
             parts = self._probe_parts.setdefault(m["id"], {})
@@ -279,6 +282,24 @@ class AsyncScheduler:
 
     def set_k(self, k: int) -> None:
         self.cmd.send(pack({"t": "set_k", "k": int(k)}))
+
+    # -- liveness ----------------------------------------------------------------------------------
+    def reset_heartbeats(self) -> None:
+        """Start the heartbeat clocks now (the workers are ready)."""
+        now = time.monotonic()
+        self.beats = {w: (now, 0.0) for w in ("drafter", "verifier")}
+
+    def hung_worker(self, timeout: float) -> tuple[str, str] | None:
+        """(worker, why) for a worker that sent no heartbeat for `timeout` s, or whose main loop has been in one
+        iteration (e.g. one forward) for longer than that; None when both are live."""
+        now = time.monotonic()
+        for who, (at, busy) in self.beats.items():
+            if now - at > timeout:
+                return who, (f"no heartbeat for {now - at:.1f} s (heartbeat_timeout_s={timeout:g}); the process "
+                             "is stopped or frozen")
+            if busy > timeout:
+                return who, (f"stuck in one step for {busy:.1f} s (heartbeat_timeout_s={timeout:g})")
+        return None
 
     # -- failure and shutdown ----------------------------------------------------------------------
     def fail(self, err: EngineDeadError) -> None:

@@ -12,12 +12,15 @@ Heavy modules (torch, transformers, the engine) are imported only inside the sub
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
+import signal
 import sys
 import time
 
 from .config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig
-from .protocol import DEFAULT_MAX_MESSAGE_BYTES
+DEFAULT_MAX_QUEUED_REPLIES = 1000  # = server.DEFAULT_MAX_QUEUED_REPLIES (server.py imports zmq: not at --help)
 
 PROG = "minedraft"
 ZMQ_DEFAULT_BIND = "tcp://127.0.0.1:5555"
@@ -202,11 +205,15 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--curve-client-keys", metavar="PATH", default=None,
                    help="admit only clients whose CURVE public key is listed: a file with one z85 key per line, "
                         "or a directory of key files (default: any client that knows the server key)")
-    n.add_argument("--max-message-bytes", type=_positive_int, default=DEFAULT_MAX_MESSAGE_BYTES, metavar="N",
+    n.add_argument("--max-message-bytes", type=_positive_int, default=None, metavar="N",
                    help="requests larger than this get a too_large error; ones over 4x this are dropped by "
-                        "ZeroMQ and their connection closed")
+                        "ZeroMQ and their connection closed (default: sized to --max-prompt-tokens, "
+                        "64 bytes per token + 64 KiB)")
     n.add_argument("--max-inflight-per-client", type=_positive_int, default=256, metavar="N",
                    help="requests one client may have running at once; beyond it: overloaded")
+    n.add_argument("--max-queued-replies", type=_positive_int, default=DEFAULT_MAX_QUEUED_REPLIES, metavar="N",
+                   help="unread replies the server holds for one client; a client past it is dropped (its "
+                        "requests cancelled, its messages ignored for 10 s)")
     _add_model_args(v)
     e = v.add_argument_group("capacity")
     e.add_argument("--max-tokens-limit", type=_positive_int, default=_default("max_tokens_limit"), metavar="N",
@@ -261,10 +268,31 @@ def _fail(msg: str, code: int = 2) -> int:
 
 
 # -- generate ---------------------------------------------------------------------------------------------------
+# option a user typed, by the field name a validation message uses
+_OPTION = {name: "--" + name.replace("_", "-") for name in (
+    "k", "max_prompt_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos",
+    "target", "draft", "mode", "dtype", "target_device", "draft_device", "max_tokens_limit", "max_batch_size",
+    "kv_cache_tokens", "max_queue")}
+
+
+def _name_options(msg: str) -> str:
+    """'invalid EngineConfig: k must be ...' -> '--k must be ...': errors name what was typed, not our fields."""
+    for prefix in ("invalid EngineConfig: ", "invalid SamplingParams: "):
+        msg = msg.replace(prefix, "")
+    m = re.match(r"(\w+)( model path)? ", msg)
+    if m and m.group(1) in _OPTION:
+        msg = _OPTION[m.group(1)] + msg[m.end(1):]
+    return msg
+
+
 def _generate_config(a) -> EngineConfig:
     kw = _engine_kw(a)
+    if a.mode == "autoregressive":
+        kw["k"] = _default("k")  # k is ignored in this mode, so any value is accepted
+    elif not 1 <= a.k <= 16:
+        raise ValueError(f"--k must be in 1..16, got {a.k}")
     block = _default("block_size")
-    need = a.max_prompt_tokens + a.max_tokens + a.k + (a.tetris_extra if a.tetris else 0) + 1
+    need = a.max_prompt_tokens + a.max_tokens + kw["k"] + (a.tetris_extra if a.tetris else 0) + 1
     kw.update(max_tokens_limit=a.max_tokens, max_batch_size=1, max_queue=1,
               kv_cache_tokens=-(-need // block) * block)
     return EngineConfig(**kw)
@@ -274,6 +302,11 @@ def cmd_generate(a) -> int:
     prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
     if a.system is not None and not a.chat:
         return _fail("--system needs --chat")
+    if not prompt:
+        return _fail("PROMPT is empty (give the text to continue, or '-' to read it from stdin)")
+    if len(prompt) > 16 * a.max_prompt_tokens:  # the engine's cheap pre-tokenizer bound, checked up front
+        return _fail(f"PROMPT is {len(prompt)} characters; --max-prompt-tokens {a.max_prompt_tokens} allows about "
+                     f"{16 * a.max_prompt_tokens}")
     from .errors import MinedraftError
     from .sampling_params import SamplingParams
     try:
@@ -281,8 +314,16 @@ def cmd_generate(a) -> int:
         params = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, max_tokens=a.max_tokens,
                                 seed=a.seed, stop=tuple(a.stop), ignore_eos=a.ignore_eos)
     except (ValueError, MinedraftError) as e:
-        return _fail(str(e))
+        return _fail(_name_options(str(e)))
     _quiet_libraries()
+    from .model_check import ModelDirError, check_pair
+    try:  # before any worker starts: a bad directory answers in seconds, naming it
+        tok, _, _ = check_pair(cfg.target, cfg.draft, need_draft=cfg.effective_k > 0)
+    except ModelDirError as e:
+        return _fail(str(e), 1)
+    n_prompt = len(tok.encode(prompt))
+    if n_prompt > cfg.max_prompt_tokens:
+        return _fail(f"PROMPT has {n_prompt} tokens; --max-prompt-tokens is {cfg.max_prompt_tokens}")
 
     async def run():
         from .engine import Engine
@@ -308,8 +349,6 @@ def cmd_generate(a) -> int:
 
     try:
         final, t_start, est = _run_async(run(), not a.no_uvloop)
-    except KeyboardInterrupt:
-        return 130
     except (ValueError, MinedraftError) as e:
         return _fail(str(e), 1)
     except Exception as e:  # e.g. a model directory that transformers cannot load
@@ -348,7 +387,7 @@ def cmd_serve(a) -> int:
         cfg = EngineConfig(**_engine_kw(a), max_tokens_limit=a.max_tokens_limit, max_batch_size=a.max_batch_size,
                            kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue)
     except (BindError, ValueError) as e:
-        return _fail(str(e))
+        return _fail(_name_options(str(e)))
     _quiet_libraries()
 
     def ready(server):
@@ -356,17 +395,18 @@ def cmd_serve(a) -> int:
         print(f"listening on {server.endpoint}{extra}", flush=True)
 
     try:
-        _run_async(serve(cfg, a.bind, ready=ready, allow_remote=a.allow_remote,
-                         curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
-                         curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
-                         max_inflight_per_client=a.max_inflight_per_client), not a.no_uvloop)
-    except KeyboardInterrupt:
-        return 130
+        sig = _run_async(serve(cfg, a.bind, ready=ready, allow_remote=a.allow_remote,
+                               curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
+                               curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
+                               max_inflight_per_client=a.max_inflight_per_client,
+                               max_queued_replies=a.max_queued_replies), not a.no_uvloop)
     except (BindError, ValueError, MinedraftError) as e:
         return _fail(str(e), 1)
     except Exception as e:
         logging.getLogger("minedraft.server").debug("serve failed", exc_info=True)
         return _fail(f"{type(e).__name__}: {e}", 1)
+    if sig == signal.SIGINT:
+        raise KeyboardInterrupt  # stopped cleanly by Ctrl-C: main() reports it like any other interrupt
     return 0
 
 
@@ -402,8 +442,6 @@ def _serve_http(a) -> int:
                               curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
                               curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
                               max_inflight_per_client=a.max_inflight_per_client), not a.no_uvloop)
-    except KeyboardInterrupt:
-        return 130
     except (HTTPBindError, BindError, ValueError, MinedraftError) as e:
         return _fail(str(e), 1)
     except Exception as e:
@@ -441,12 +479,36 @@ def _bench(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "bench":  # everything after it belongs to bench, --help included
-        return _bench(argv[1:])
-    a = build_parser().parse_args(argv)
-    return a.func(a)
+    """Ctrl-C at any moment (imports, engine start-up, streaming) ends with one line and exit status 130; the
+    workers never see it (they are spawned with SIGINT blocked) and are stopped by the engine's shutdown."""
+    try:
+        argv = sys.argv[1:] if argv is None else list(argv)
+        if argv and argv[0] == "bench":  # everything after it belongs to bench, --help included
+            return _bench(argv[1:])
+        a = build_parser().parse_args(argv)
+        return a.func(a)
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            if sys.stdout.isatty():
+                sys.stdout.write("\n")  # do not leave the line on a half-streamed completion
+            sys.stdout.flush()
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+def entry() -> None:
+    """The console script: main(), then exit without the interpreter's teardown. Everything that matters (workers,
+    shared memory, sockets) was released by main(); with torch and transformers loaded the teardown alone takes
+    about 3 s, which `serve` would add to every SIGTERM and `generate` to every run."""
+    rc = main()
+    import logging
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -32,6 +32,10 @@ class EngineConfig:
     target_device: str = "auto"
     dtype: str = "float32"           # greedy identity with target-alone is exact in float32 only (see README)
     worker_start_timeout_s: float = 120.0
+    # A worker whose heartbeats stop (stopped, frozen) or that stays inside one step (a forward) longer than this
+    # is declared hung: every pending request fails with EngineDeadError. Generous, because a big model's
+    # forward on a loaded CPU can take seconds.
+    heartbeat_timeout_s: float = 60.0
     draft_cores: list[int] | str | None = None   # CPU cores of the drafter, e.g. [0] or "0-1"; None = default split
     target_cores: list[int] | str | None = None  # of the verifier; see minedraft/cores.py for the default rule
     target_tp: int = 1               # tensor-parallel ranks of the verifier (one GPU or share of target_cores each)
@@ -75,6 +79,10 @@ class EngineConfig:
                 bad(f"{name} must be an int in 1..64, got {v!r}")
         if not self.tp_timeout_s > 0:
             bad(f"tp_timeout_s must be > 0, got {self.tp_timeout_s!r}")
+        for name in ("worker_start_timeout_s", "heartbeat_timeout_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+                bad(f"{name} must be a positive number of seconds, got {v!r}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             bad(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         for name in ("draft_device", "target_device"):

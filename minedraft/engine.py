@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import shutil
+import signal
 import tempfile
 import time
 from typing import AsyncIterator
@@ -29,6 +30,7 @@ from .step_stats import StepStats
 from .workers.process import drafter_main, verifier_main
 
 WATCH_S = 0.1
+STOP_GRACE_S = 5.0   # how long a stopped worker may take to exit before it is killed
 
 
 def _resolve_devices(cfg: EngineConfig) -> tuple[str, str]:
@@ -45,21 +47,31 @@ def _resolve_devices(cfg: EngineConfig) -> tuple[str, str]:
 
 
 def _load_tokenizer_and_meta(cfg: EngineConfig):
-    from transformers import AutoConfig, AutoTokenizer
-    from .local_engine import eos_ids
-    tok = AutoTokenizer.from_pretrained(cfg.target, local_files_only=True)
-    tcfg = AutoConfig.from_pretrained(cfg.target, local_files_only=True)
-    from .workers.model_runner import load_vocab_map
-    dcfg = AutoConfig.from_pretrained(cfg.draft, local_files_only=True)
+    """Check both model directories here, before spawning, and load the target's tokenizer."""
+    from transformers import AutoConfig
+    from .model_check import check_pair
     from .workers.tensor_parallel import check_model
-    check_model(tcfg, cfg.target_tp)  # shapes that do not split fail here, before any process starts
-    check_model(dcfg, cfg.draft_tp)
-    vmap = load_vocab_map(cfg.draft)  # a reduced-vocabulary draft names the vocabulary it maps into
-    dvocab = vmap[1] if vmap else dcfg.vocab_size
-    if tcfg.vocab_size != dvocab:
-        raise ValueError(f"draft vocab {dvocab} != target vocab {tcfg.vocab_size}: "
-                         "the pair must share a tokenizer")
-    return tok, tcfg.vocab_size, eos_ids(tcfg, tok)
+    out = check_pair(cfg.target, cfg.draft, need_draft=cfg.effective_k > 0)
+    # shapes that do not split over the tensor-parallel ranks fail here, before any process starts
+    check_model(AutoConfig.from_pretrained(cfg.target, local_files_only=True), cfg.target_tp)
+    if cfg.effective_k:
+        check_model(AutoConfig.from_pretrained(cfg.draft, local_files_only=True), cfg.draft_tp)
+    return out
+
+
+def _start_without_sigint(procs) -> None:
+    """Start the worker processes with SIGINT blocked, so they inherit it blocked: a Ctrl-C, which the terminal
+    sends to the whole process group, reaches only the parent, which then stops them in order. The parent's own
+    SIGINT is delivered when it is unblocked."""
+    block = hasattr(signal, "pthread_sigmask")
+    if block:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if block:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class Engine:
@@ -73,6 +85,7 @@ class Engine:
         self._ctx = None
         self._watch = None
         self._closed = False
+        self._ready = False
         self.tokenizer = None
         self.adaptive = None
         self.step_stats: StepStats | None = None
@@ -96,40 +109,41 @@ class Engine:
         loop = asyncio.get_running_loop()
         self.tokenizer, vocab, eos = await loop.run_in_executor(None, _load_tokenizer_and_meta, cfg)
         draft_dev, target_dev = _resolve_devices(cfg)
+        draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.mode)  # may raise: first
         self._tmp = tempfile.mkdtemp(prefix="minedraft-")
         addr = {n: f"ipc://{self._tmp}/{n}" for n in ("cmd", "status", "drafts", "verdict_drafter")}
         k = cfg.effective_k
         nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab)
         if not draft_dev.startswith("cuda"):
             self._shm = create_shm(2, nbytes)
-        draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.mode)
         common = {"addr": addr, "k": k, "mode": cfg.mode, "kv_cache_tokens": cfg.kv_cache_tokens,
                   "block_size": cfg.block_size, "dtype": cfg.dtype, "shm": [s.name for s in self._shm],
                   "slot_nbytes": nbytes, "eos": eos, "target": cfg.target, "draft": cfg.draft,
                   "fault": list(self._fault) if self._fault else None,
-                  "tetris": bool(cfg.tetris and k), "extra": cfg.max_draft - k, "capacity": cfg.tetris_capacity}
-        self._ctx = zmq.asyncio.Context()
-        self.scheduler = AsyncScheduler(cfg, self.tokenizer, vocab, self._ctx, addr, self._trace)
-        self.step_stats = StepStats(k)
-        self.scheduler.verdict_listeners.append(self.step_stats)
-        mpc = mp.get_context("spawn")
-        from .workers.tp_workers import role_processes  # imports torch.distributed: not at engine import
-        # each role's cores are split among its ranks (shared when there are fewer cores than ranks)
-        draft_procs = role_processes(mpc, "drafter", drafter_main, {**common, "device": draft_dev},
-                                     cfg.draft_tp if k else 1, draft_cores, f"file://{self._tmp}/tp_drafter",
-                                     cfg.tp_timeout_s)
-        verify_procs = role_processes(mpc, "verifier", verifier_main, {**common, "device": target_dev},
-                                      cfg.target_tp, target_cores, f"file://{self._tmp}/tp_verifier",
-                                      cfg.tp_timeout_s)
-        # drafter and verifier (rank 0) first: health() reads them by position
-        self.procs = [draft_procs[0], verify_procs[0], *draft_procs[1:], *verify_procs[1:]]
-        for p in self.procs:
-            p.start()
+                  "tetris": bool(cfg.tetris and k), "extra": cfg.max_draft - k, "capacity": cfg.tetris_capacity,
+                  "heartbeat_s": min(1.0, cfg.heartbeat_timeout_s / 4)}
         try:
+            self._ctx = zmq.asyncio.Context()
+            self.scheduler = AsyncScheduler(cfg, self.tokenizer, vocab, self._ctx, addr, self._trace)
+            self.step_stats = StepStats(k)
+            self.scheduler.verdict_listeners.append(self.step_stats)
+            mpc = mp.get_context("spawn")
+            from .workers.tp_workers import role_processes  # imports torch.distributed: not at engine import
+            # each role's cores are split among its ranks (shared when there are fewer cores than ranks)
+            draft_procs = role_processes(mpc, "drafter", drafter_main, {**common, "device": draft_dev},
+                                         cfg.draft_tp if k else 1, draft_cores, f"file://{self._tmp}/tp_drafter",
+                                         cfg.tp_timeout_s)
+            verify_procs = role_processes(mpc, "verifier", verifier_main, {**common, "device": target_dev},
+                                          cfg.target_tp, target_cores, f"file://{self._tmp}/tp_verifier",
+                                          cfg.tp_timeout_s)
+            # drafter and verifier (rank 0) first: health() reads them by position
+            self.procs = [draft_procs[0], verify_procs[0], *draft_procs[1:], *verify_procs[1:]]
+            _start_without_sigint(self.procs)
             await self.scheduler.wait_ready(self.procs, cfg.worker_start_timeout_s)
         except BaseException:
-            await self.shutdown()
+            await self.shutdown()  # also when spawning itself failed: the shared memory must not leak
             raise
+        self._ready = True
         if cfg.adaptive_k and cfg.effective_k:
             self._attach_adaptive_k()
         self.scheduler.start()
@@ -158,26 +172,40 @@ class Engine:
         sched.set_k(ctl.k)
 
     async def _watchdog(self) -> None:
-        """A worker that dies fails every pending request within WATCH_S, and takes the other one down."""
+        """A worker that dies, or falls silent past heartbeat_timeout_s, fails every pending request (within
+        WATCH_S of noticing) and takes the other one down."""
+        sched = self.scheduler
+        sched.reset_heartbeats()
+        last = time.monotonic()
         while True:
             await asyncio.sleep(WATCH_S)
+            now = time.monotonic()
+            stalled = now - last > 1.0  # our own loop was blocked: the beats may be waiting unread, so
+            last = now                  # judge liveness on the next round, after the pump has run
             dead = [p for p in self.procs if p.exitcode is not None]
-            if dead or (self.scheduler and self.scheduler.dead):
-                if not self.scheduler.dead:
-                    p = dead[0]
-                    self.scheduler.fail(EngineDeadError(f"worker {p.name} died (exit code {p.exitcode})"))
-                await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, False)
+            if not sched.dead and dead:
+                p = dead[0]
+                sched.fail(EngineDeadError(f"worker {p.name} died (exit code {p.exitcode})"))
+            elif not sched.dead and not stalled:
+                hung = sched.hung_worker(self.config.heartbeat_timeout_s)
+                if hung:
+                    who, why = hung
+                    p = self.procs[0 if who == "drafter" else 1]
+                    sched.fail(EngineDeadError(f"worker {p.name} (pid {p.pid}) is hung: {why}"))
+            if sched.dead:
+                await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, 0.0)
                 self._cleanup_shm()
                 return
 
-    def _stop_workers(self, graceful: bool) -> None:
-        if graceful:
-            deadline = time.monotonic() + 5
-            for p in self.procs:
-                p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
+    def _stop_workers(self, grace_s: float) -> None:
+        """Wait up to grace_s for the workers to exit on their own, then kill what is left."""
+        procs = [p for p in self.procs if p.pid is not None]  # spawning may have failed part-way
+        deadline = time.monotonic() + grace_s
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
             if p.exitcode is None:
-                p.kill()
+                p.kill()  # SIGKILL also ends a SIGSTOPped process
             p.join(5)
 
     def _cleanup_shm(self) -> None:
@@ -193,12 +221,14 @@ class Engine:
         if self.scheduler:
             self.scheduler.fail(EngineDeadError("engine shut down"))
             self.scheduler.send_stop()
-        await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, True)
+        # workers still loading models do not read the stop command yet: no point waiting for them
+        grace = STOP_GRACE_S if self._ready and all(p.exitcode is None for p in self.procs) else 0.0
+        await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, grace)
         if self.scheduler:
             await self.scheduler.close()
         self._cleanup_shm()
         if self._ctx:
-            self._ctx.term()
+            self._ctx.destroy(linger=0)  # also closes sockets a failed start left open
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
@@ -299,7 +329,7 @@ class Engine:
                 "accepted_by_position": list(self.step_stats.accepted_by_pos)}
 
     def health(self) -> dict:
-        alive = [p.exitcode is None for p in self.procs]
+        alive = [p.exitcode is None and not (self.scheduler and self.scheduler.dead) for p in self.procs]
         ok = bool(self.scheduler) and not self.scheduler.dead and all(alive) and not self._closed
         return {"ok": ok, "drafter_alive": alive[0] if alive else False,
                 "verifier_alive": alive[1] if len(alive) > 1 else False,

@@ -22,10 +22,21 @@ from .outputs import GenerationResult, RequestStats, StreamDelta
 VERSION = 1
 
 # Sizes --------------------------------------------------------------------------------------------------------
-DEFAULT_MAX_MESSAGE_BYTES = 1 << 20    # a request over this gets a `too_large` error reply
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 20    # a request over this gets a `too_large` error reply (when no prompt
+                                       # limit is known to size it from; see message_limit_for)
 HARD_LIMIT_FACTOR = 4                  # ...and one over factor x that is dropped by libzmq (zmq.MAXMSGSIZE),
                                        # which also closes that client's connection
 MAX_ID_CHARS = 256
+PROMPT_CHARS_PER_TOKEN = 16            # a prompt string over this many characters per allowed token is refused
+                                       # before tokenizing (the engine's own cheap bound, request_state.py)
+
+
+def message_limit_for(max_prompt_tokens: int) -> int:
+    """The default message size limit: room for the longest prompt the engine accepts (a string of 16 characters
+    per token at 4 UTF-8 bytes each, which also covers a list of token ids at <= 9 bytes each) plus 64 KiB for
+    the rest (params, stop strings). Anything bigger could only be refused after decoding, so it is refused
+    before, as too_large."""
+    return 4 * PROMPT_CHARS_PER_TOKEN * max_prompt_tokens + (64 << 10)
 
 # Message types ------------------------------------------------------------------------------------------------
 REQUEST_TYPES = ("generate", "stream", "cancel", "health", "stats")
@@ -145,9 +156,10 @@ def peek_fields(data: bytes, names=("id", "t")) -> dict:
 
 
 def echo_id(value) -> str | int | None:
-    """What a reply's `id` is when the request's id is unusable: the value if a str/int scalar, else nil."""
+    """What a reply's `id` is when the request's id is unusable: the value if a str/int scalar, else nil.
+    (error_reply cuts a string longer than MAX_ID_CHARS and marks the reply `id_truncated: true`.)"""
     if isinstance(value, str):
-        return value[:MAX_ID_CHARS]
+        return value
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     return None
@@ -170,9 +182,10 @@ class RequestError(Exception):
         self.code, self.message, self.id, self.t = code, message, id, t
 
 
-def parse_request(obj: Any) -> Request:
-    """Validate the envelope of one decoded message. Field *values* (prompt length, params ranges) are checked
-    by the engine, which raises InvalidRequestError."""
+def parse_request(obj: Any, max_prompt_tokens: int | None = None) -> Request:
+    """Validate the envelope of one decoded message. Field *values* (params ranges, token ids in vocabulary) are
+    checked by the engine, which raises InvalidRequestError. With max_prompt_tokens, a prompt's length is checked
+    here, before any per-element work, so an over-long prompt costs one len()."""
     if not isinstance(obj, dict):
         raise RequestError(BAD_MESSAGE, f"a message must be a msgpack map, got {_kind(obj)}")
     rid = echo_id(obj.get("id"))
@@ -195,9 +208,16 @@ def parse_request(obj: Any) -> Request:
         if isinstance(prompt, str):
             if not prompt:
                 raise RequestError(INVALID_REQUEST, "field 'prompt' is empty", raw_id, t)
+            if max_prompt_tokens and len(prompt) > PROMPT_CHARS_PER_TOKEN * max_prompt_tokens:
+                raise RequestError(INVALID_REQUEST, f"field 'prompt' is {len(prompt)} characters; the limit is "
+                                   f"{PROMPT_CHARS_PER_TOKEN * max_prompt_tokens} ({PROMPT_CHARS_PER_TOKEN} per "
+                                   f"token of max_prompt_tokens={max_prompt_tokens})", raw_id, t)
         elif isinstance(prompt, list):
             if not prompt:
                 raise RequestError(INVALID_REQUEST, "field 'prompt' is an empty token list", raw_id, t)
+            if max_prompt_tokens and len(prompt) > max_prompt_tokens:
+                raise RequestError(INVALID_REQUEST, f"field 'prompt' has {len(prompt)} token ids; "
+                                   f"max_prompt_tokens is {max_prompt_tokens}", raw_id, t)
             if any(isinstance(x, bool) or not isinstance(x, int) for x in prompt):
                 raise RequestError(INVALID_REQUEST, "field 'prompt' as a list must hold only integer token ids",
                                    raw_id, t)
@@ -232,7 +252,12 @@ def request(t: str, id: str, **fields) -> dict:
 
 # Replies ------------------------------------------------------------------------------------------------------
 def error_reply(id, code: str, message: str, re: str | None = None) -> dict:
-    msg = {"v": VERSION, "t": "error", "id": id, "code": code, "message": message}
+    """An error reply. Only an invalid id can be over MAX_ID_CHARS: it is echoed cut to that length, with
+    `id_truncated: true`, so the reply stays small and the client can still see which request it answers."""
+    cut = isinstance(id, str) and len(id) > MAX_ID_CHARS
+    msg = {"v": VERSION, "t": "error", "id": id[:MAX_ID_CHARS] if cut else id, "code": code, "message": message}
+    if cut:
+        msg["id_truncated"] = True
     if re is not None:
         msg["re"] = re
     return msg

@@ -68,7 +68,15 @@ class RequestState:
         st.draft_tokens += r.num_drafted
         st.accepted_tokens += r.num_accepted
         before = len(self.detok.ids)
-        text = self.detok.push(r.new_tokens, final=r.finish_reason is not None)
+        new = r.new_tokens
+        if r.finish_reason == "stop" and new:
+            # the verifier stopped on a stop token (stop_token_ids or eos), the last one: its id belongs in
+            # token_ids, its text does not (the same rule as a stop string: the trigger is never in `text`)
+            text = self.detok.push(new[:-1], final=True)
+            if not self.detok.stopped:  # a stop string earlier in this step wins; then the tokens end there
+                self.detok.ids.append(new[-1])
+        else:
+            text = self.detok.push(new, final=r.finish_reason is not None)
         new_ids = self.detok.ids[before:]
         st.output_tokens = len(self.detok.ids)
         reason = "stop" if self.detok.stopped else r.finish_reason

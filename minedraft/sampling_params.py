@@ -18,6 +18,10 @@ class SamplingParams:
 
     temperature == 0 (or below 1e-5) means greedy. top_k == 0 and top_p == 1.0 disable those filters.
     seed makes a sampled request reproducible on its own, whatever else shares its batch.
+
+    Stop rule: the token that ended the request is the last of `token_ids`, and what triggered the stop is never
+    in `text`. A stop token (stop_token_ids, or eos unless ignore_eos) ends token_ids and its text is left out;
+    for a stop string, token_ids end with the token that completed it and text ends just before the string.
     """
 
     temperature: float = 0.0

@@ -36,7 +36,11 @@ from .outputs import RequestStats
 log = logging.getLogger("minedraft.server")
 
 CANCEL_WAIT_S = 10.0   # how long a cancel waits for the request's final message before forcing it
-YIELD_EVERY = 32      # messages handled back to back before the receive loop yields to other tasks
+YIELD_EVERY = 32      # messages handled back to back before the receive loop yields to other tasks...
+YIELD_AFTER_S = 0.005  # ...or sooner, once a burst has taken this long
+DEFAULT_MAX_QUEUED_REPLIES = 1000  # unread replies one client may have waiting in the server (zmq SNDHWM)
+DROP_S = 10.0          # messages from a client dropped as a slow reader are discarded this long
+MAX_DROPPED_REMEMBERED = 10000
 HEARTBEAT_IVL_MS = 5000
 HEARTBEAT_TIMEOUT_MS = 30000
 
@@ -197,6 +201,8 @@ class _ServerStats:
     requests: int = 0
     errors: Counter = field(default_factory=Counter)
     clients_dropped: int = 0
+    slow_clients_dropped: int = 0
+    discarded: int = 0
 
 
 class Server:
@@ -204,12 +210,24 @@ class Server:
 
     def __init__(self, engine, bind: str = "tcp://127.0.0.1:5555", *, allow_remote: bool = False,
                  curve_secret_key=None, curve_public_key=None, curve_client_keys=None,
-                 max_message_bytes: int = P.DEFAULT_MAX_MESSAGE_BYTES, max_inflight_per_client: int = 256):
+                 max_message_bytes: int | None = None, max_inflight_per_client: int = 256,
+                 max_queued_replies: int = DEFAULT_MAX_QUEUED_REPLIES):
         check_bind(bind, allow_remote)
+        if max_message_bytes is None:  # sized to the longest prompt the engine accepts (protocol.message_limit_for)
+            cfg = getattr(engine, "config", None)
+            max_message_bytes = (P.message_limit_for(cfg.max_prompt_tokens) if cfg is not None
+                                 else P.DEFAULT_MAX_MESSAGE_BYTES)
         if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or max_message_bytes < 64:
             raise ValueError(f"max_message_bytes must be an int >= 64, got {max_message_bytes!r}")
         if max_inflight_per_client < 1:
             raise ValueError("max_inflight_per_client must be >= 1")
+        if isinstance(max_queued_replies, bool) or not isinstance(max_queued_replies, int) or max_queued_replies < 1:
+            raise ValueError(f"max_queued_replies must be an int >= 1, got {max_queued_replies!r}")
+        self.max_queued_replies = max_queued_replies
+        self._dropped: dict[bytes, float] = {}  # slow readers dropped -> when their messages are heard again
+        self._connections = 0
+        self._monitor_task: asyncio.Task | None = None
+        self._mon = None
         self.engine = engine
         self.bind_endpoint = bind
         self.max_message_bytes = max_message_bytes
@@ -273,7 +291,9 @@ class Server:
         try:
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.ROUTER_MANDATORY, 1)   # a send to a vanished client raises EHOSTUNREACH
-            s.setsockopt(zmq.SNDHWM, 0)             # never drop a reply; the per-client cap bounds the backlog
+            # at most this many unread replies per client (libzmq's HWM is per peer); one more and the send
+            # fails with EAGAIN (ROUTER_MANDATORY), and the server drops that client (see _send)
+            s.setsockopt(zmq.SNDHWM, self.max_queued_replies)
             s.setsockopt(zmq.MAXMSGSIZE, self.hard_limit)
             s.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
             s.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
@@ -283,8 +303,14 @@ class Server:
                 s.curve_secretkey = self._secret
                 s.curve_publickey = self._public
                 s.curve_server = True
+            # connection events, watched from before the bind so none is missed (stats `connections`)
+            self._mon = s.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             s.bind(self.bind_endpoint)
         except zmq.ZMQError as e:
+            if self._mon is not None:
+                s.disable_monitor()
+                self._mon.close(linger=0)
+                self._mon = None
             s.close(linger=0)
             self.sock = None
             self._term()
@@ -297,6 +323,7 @@ class Server:
         self.bind()
         if self._loop_task is None:
             self._loop_task = asyncio.ensure_future(self._recv_loop())
+            self._monitor_task = asyncio.ensure_future(self._monitor())
         log.info("serving on %s%s", self.endpoint, " (CURVE)" if self._secret else "")
         return self
 
@@ -311,6 +338,8 @@ class Server:
         self._closing = True
         if self._loop_task:
             self._loop_task.cancel()
+        if self._monitor_task:
+            self._monitor_task.cancel()
         tasks = []
         for ident, table in list(self._clients.items()):
             for e in list(table.values()):
@@ -321,13 +350,19 @@ class Server:
         tasks += list(self._side_tasks)
         for t in self._side_tasks:
             t.cancel()
-        await asyncio.gather(*tasks, *([self._loop_task] if self._loop_task else []), return_exceptions=True)
+        await asyncio.gather(*tasks, *[t for t in (self._loop_task, self._monitor_task) if t],
+                             return_exceptions=True)
         self._term()
         self._closed.set()
 
     def _term(self) -> None:
         if self.sock is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self.sock.disable_monitor()
             self.sock.close(linger=0)
+        if self._mon is not None:
+            self._mon.close(linger=0)  # also when the monitor task never ran (bound, never started)
+            self._mon = None
         if self._auth is not None:
             with contextlib.suppress(Exception):
                 self._auth.stop()
@@ -355,6 +390,11 @@ class Server:
             return True
         if isinstance(err, zmq.ZMQError) and err.errno == errno.EHOSTUNREACH:
             self._drop_client(ident)
+        elif isinstance(err, zmq.Again):
+            # max_queued_replies replies wait unread: a client that sends but does not read. Holding more for
+            # it would let it grow the server without bound, so it is dropped: its requests are cancelled and
+            # its messages discarded for DROP_S (what is already queued is freed when it reads or disconnects).
+            self._drop_client(ident, slow=True)
         else:
             log.warning("send to client failed: %s", err)
         return False
@@ -363,7 +403,19 @@ class Server:
         log.debug("client %s: %s: %s", ident.hex(), code, message)
         self._send(ident, P.error_reply(id, code, message, re))
 
-    def _drop_client(self, ident: bytes) -> None:
+    def _drop_client(self, ident: bytes, slow: bool = False) -> None:
+        if slow:
+            if ident in self._dropped:
+                return
+            now = time.monotonic()
+            if len(self._dropped) >= MAX_DROPPED_REMEMBERED:
+                self._dropped = {k: t for k, t in self._dropped.items() if t > now}
+                while len(self._dropped) >= MAX_DROPPED_REMEMBERED:
+                    self._dropped.pop(next(iter(self._dropped)))
+            self._dropped[ident] = now + DROP_S
+            self.stats.slow_clients_dropped += 1
+            log.warning("client %s has %d unread replies queued (max_queued_replies); dropping it", ident.hex(),
+                        self.max_queued_replies)
         table = self._clients.pop(ident, None)
         if not table:
             return
@@ -377,13 +429,15 @@ class Server:
 
     async def _recv_loop(self) -> None:
         burst = 0
+        t_burst = time.perf_counter()
         while True:
             burst += 1
-            if burst >= YIELD_EVERY:
+            if burst >= YIELD_EVERY or time.perf_counter() - t_burst > YIELD_AFTER_S:
                 # a recv that finds a message ready does not yield: let the engine and other tasks run, so
                 # one flooding client cannot starve everyone else
                 burst = 0
                 await asyncio.sleep(0)
+                t_burst = time.perf_counter()
             try:
                 frames = await self.sock.recv_multipart()
             except asyncio.CancelledError:
@@ -401,10 +455,28 @@ class Server:
                 with contextlib.suppress(Exception):
                     self._error(frames[0], None, P.INTERNAL, "internal error while handling the message")
 
+    async def _monitor(self) -> None:
+        """Count open connections from the socket's own events (a ROUTER does not report peers otherwise)."""
+        from zmq.utils.monitor import recv_monitor_message
+        mon = self._mon
+        try:
+            while True:
+                ev = await recv_monitor_message(mon)
+                self._connections += 1 if ev["event"] == zmq.EVENT_ACCEPTED else -1
+        except (asyncio.CancelledError, zmq.ZMQError):
+            pass
+        finally:
+            mon.close(linger=0)
+
     # -- dispatch --------------------------------------------------------------------------------------------
     def _on_message(self, frames: list[bytes]) -> None:
         self.stats.received += 1
         ident, payload = frames[0], frames[1:]
+        if ident in self._dropped:
+            if time.monotonic() < self._dropped[ident]:
+                self.stats.discarded += 1
+                return
+            del self._dropped[ident]
         if len(payload) != 1:
             peek = P.peek_fields(payload[-1]) if payload and len(payload[-1]) <= self.hard_limit else {}
             return self._error(ident, peek.get("id"), P.BAD_MESSAGE,
@@ -422,7 +494,7 @@ class Server:
             peek = P.peek_fields(data)
             return self._error(ident, peek.get("id"), P.BAD_MESSAGE, str(e), _re(peek))
         try:
-            req = P.parse_request(obj)
+            req = P.parse_request(obj, getattr(getattr(self.engine, "config", None), "max_prompt_tokens", None))
         except P.RequestError as e:
             return self._error(ident, e.id, e.code, e.message, e.t)
         if req.t in ("generate", "stream"):
@@ -449,11 +521,13 @@ class Server:
         except Exception as e:
             s = {"error": f"engine stats unavailable: {e}"}
         st = self.stats
-        s["server"] = {"clients": len(self._clients), "inflight": sum(map(len, self._clients.values())),
+        s["server"] = {"connections": self._connections, "clients": len(self._clients),
+                       "inflight": sum(map(len, self._clients.values())),
                        "received": st.received, "replies": st.replies, "requests": st.requests,
                        "errors": dict(st.errors), "clients_dropped": st.clients_dropped,
+                       "slow_clients_dropped": st.slow_clients_dropped, "discarded": st.discarded,
                        "uptime_s": time.time() - self.started_at, "max_message_bytes": self.max_message_bytes,
-                       "max_inflight_per_client": self.max_inflight}
+                       "max_inflight_per_client": self.max_inflight, "max_queued_replies": self.max_queued_replies}
         return s
 
     def _on_submit(self, ident: bytes, req: P.Request) -> None:
@@ -564,34 +638,52 @@ def _re(peek: dict) -> str | None:
     return t if t in P.REQUEST_TYPES else None
 
 
-async def serve(engine_config, bind: str, *, ready=None, **server_kw) -> None:
+async def serve(engine_config, bind: str, *, ready=None, **server_kw) -> int | None:
     """Start an Engine and a Server on the running loop and serve until SIGINT/SIGTERM (or cancellation).
-    The bind address is checked and bound before the models load, so a bad --bind fails at once.
-    `ready(server)` is called once requests are being served."""
+    The bind address is checked and bound before the models load, so a bad --bind fails at once; a signal during
+    start-up stops the start at once. `ready(server)` is called once requests are being served. Returns the
+    signal that stopped it (None when cancelled)."""
     import signal
-
-    from .engine import Engine
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    got: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        got.append(sig)
+        stop.set()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
+    if server_kw.get("max_message_bytes") is None:
+        server_kw["max_message_bytes"] = P.message_limit_for(engine_config.max_prompt_tokens)
     server = Server(None, bind, **server_kw)
+    engine = stopping = None
     try:
-        server.bind()  # errors (address in use, ...) surface before the models load
-        async with Engine(engine_config) as engine:
-            server.engine = engine
-            await server.start()
-            try:
-                if ready is not None:
-                    ready(server)
-                await stop.wait()
-                log.info("shutting down")
-            finally:
-                await server.close()
+        server.bind()  # errors (address in use, ...) surface before the models load, and before torch loads
+        from .engine import Engine
+        starting = asyncio.ensure_future(Engine.start(engine_config))
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # stopped during start-up: Engine.start cleans up after itself when cancelled
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            return got[0] if got else None
+        stopping.cancel()
+        engine = starting.result()
+        server.engine = engine
+        await server.start()
+        if ready is not None:
+            ready(server)
+        await stop.wait()
+        log.info("shutting down")
+        return got[0] if got else None
     finally:
+        if stopping is not None:
+            stopping.cancel()
         await server.close()
+        if engine is not None:
+            await engine.shutdown()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)

@@ -152,8 +152,17 @@ def tp_check(target: str, draft: str, cpu: bool, prompts: int = 8, max_tokens: i
             f"{toks / dt:.0f} tok/s ({len(texts)} prompts x {max_tokens} tokens, bf16)")
 
 
+def default_plot_path(env=os.environ) -> str:
+    """Under $OUT when the device runner sets it (its files come back from there), else under out/ (git-ignored):
+    never the current directory, where a stray run once left a PNG committed at the repository root."""
+    out = env.get("OUT") or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "out")
+    return os.path.join(out, "gpu_timeline.png")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--plot", default=None, metavar="PNG", help="where to write the timeline (default: "
+                    "$OUT/gpu_timeline.png, or out/gpu_timeline.png without $OUT)")
     ap.add_argument("--agree", type=float, default=0.8, help="forced per-token draft agreement")
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--k", type=int, nargs="+", default=[4])
@@ -176,9 +185,11 @@ def main(argv=None) -> int:
           f"(zeroed residual branches, permutation heads)", flush=True)
     print(tp_check(target, draft, a.cpu_smoke), flush=True)
     from minedraft.bench import main as bench
+    plot = a.plot or default_plot_path()
+    os.makedirs(os.path.dirname(os.path.abspath(plot)), exist_ok=True)
     args = ["--target", target, "--draft", draft, "--dtype", "bfloat16", "--repeats", str(a.repeats),
             "--max-tokens", str(a.max_tokens), "--batch", *map(str, a.batch), "--k", *map(str, a.k), "--plot",
-            os.path.join(os.environ.get("OUT", "."), "gpu_timeline.png"), "--plot-seconds", "0.5"]
+            plot, "--plot-seconds", "0.5"]
     return bench(args)
 
 

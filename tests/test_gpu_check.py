@@ -60,3 +60,10 @@ def test_cpu_smoke_run_reaches_the_table(tmp_path):
         assert rows[name][-1] == "1.00", name  # permutation heads leave wide margins: bf16 stays exact here
     assert "x sequential SD at the same k" in out
     assert (tmp_path / "gpu_timeline.png").stat().st_size > 10_000
+
+
+def test_timeline_is_written_under_out_not_the_working_directory():
+    gc = _script()
+    assert gc.default_plot_path({"OUT": "/x"}) == "/x/gpu_timeline.png"
+    assert gc.default_plot_path({}) == str(ROOT / "out" / "gpu_timeline.png")
+    assert not (ROOT / "gpu_timeline.png").exists()  # the stray smoke-run output is gone from the repository

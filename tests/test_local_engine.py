@@ -56,8 +56,8 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def hf_generate_ref(tiny_pair, hf_target, tok):
-    """(expected token_ids, expected finish_reason) per prompt, from HF generate(do_sample=False): HF stops on
-    eos and includes it, minedraft stops on it and leaves it out."""
+    """(expected token_ids, expected finish_reason) per prompt, from HF generate(do_sample=False): both stop on
+    eos and include it in the token ids (minedraft keeps its text out of `text`)."""
     eos = tiny_pair.eos_token_id
     refs = []
     for prompt, n in zip(PROMPTS, MAX_TOKENS):
@@ -66,7 +66,7 @@ def hf_generate_ref(tiny_pair, hf_target, tok):
             out = hf_target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
                                      do_sample=False, pad_token_id=eos)[0, ids.shape[1]:].tolist()
         if eos in out:
-            refs.append((out[: out.index(eos)], "stop"))
+            refs.append((out[: out.index(eos) + 1], "stop"))
         else:
             assert len(out) == n
             refs.append((out, "length"))
@@ -273,7 +273,7 @@ def test_config_that_validates_serves_a_max_size_request(tiny_pair):
 # -- stop conditions ------------------------------------------------------------------------------
 
 def test_stop_token_ids(engines, long_ref, tok):
-    """Stop on the first occurrence of any listed id; the stop token itself is not in the output."""
+    """Stop on the first occurrence of any listed id: the stop token ends token_ids, its text is not in text."""
     cases = []
     for prompt, ref in zip(PROMPTS, long_ref):
         j = next((j for j in range(3, len(ref)) if ref[j] not in ref[:j]), None)
@@ -286,7 +286,7 @@ def test_stop_token_ids(engines, long_ref, tok):
         params = [SamplingParams(max_tokens=64, ignore_eos=True, stop_token_ids=ids) for *_, ids in cases]
         res = e.generate([c[0] for c in cases], params)
         for r, (_, ref, j, _) in zip(res, cases):
-            assert r.token_ids == ref[:j], mode
+            assert r.token_ids == ref[:j + 1], mode
             assert r.finish_reason == "stop"
             assert r.text == tok.decode(ref[:j], skip_special_tokens=True)
         assert_cache_empty(e)

@@ -489,7 +489,7 @@ async def test_short_soak_mixed_load_leaves_cache_empty(tiny_pair, tiny_tokenize
             continue
         expect = ref[i]
         if not p["params"].ignore_eos and eos in expect:
-            expect = expect[:expect.index(eos)]  # the reference ran with ignore_eos; eos ends the request
+            expect = expect[:expect.index(eos) + 1]  # the reference ran with ignore_eos; eos ends the request
         if kind == "greedy":
             assert tokens == expect, (i, p["prompt"])
             assert info == ("length" if len(expect) == p["params"].max_tokens else "stop")

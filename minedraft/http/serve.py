@@ -111,6 +111,9 @@ async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, a
     zserver = None
     if zmq_bind is not None:
         check_bind(zmq_bind, allow_remote)
+        if zmq_kw.get("max_message_bytes") is None:  # sized to the prompt limit, as `serve` does
+            from ..protocol import message_limit_for
+            zmq_kw["max_message_bytes"] = message_limit_for(engine_config.max_prompt_tokens)
         zserver = Server(None, zmq_bind, allow_remote=allow_remote, **zmq_kw)
         zserver.bind()
     loop = asyncio.get_running_loop()

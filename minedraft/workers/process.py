@@ -10,10 +10,12 @@ Message flow (see docs/ARCHITECTURE.md):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -23,6 +25,11 @@ from ..ipc.codec import pack, unpack
 from ..ipc.tensors import DraftSlots
 
 POLL_MS = 100
+
+
+def _quiet():
+    """Best-effort clean-up step on the way out: errors are ignored, the process exits next anyway."""
+    return contextlib.suppress(Exception)
 
 
 def _guard_parent() -> int:
@@ -55,9 +62,12 @@ def placement() -> dict:
 
 
 class _Worker:
-    """Shared plumbing: context, status socket, parent watch, error reporting."""
+    """Shared plumbing: context, status socket, parent watch, heartbeats, error reporting."""
 
     def __init__(self, spec: dict, name: str):
+        # Ctrl-C reaches the whole foreground process group; the parent alone decides when workers stop (the
+        # engine also spawns them with SIGINT blocked, this covers a worker started some other way).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.spec, self.name = spec, name
         self.parent = _guard_parent()
         _pin(spec["device"], spec.get("cores"))
@@ -65,6 +75,37 @@ class _Worker:
         self.status = self.ctx.socket(zmq.PUSH)
         self.status.setsockopt(zmq.LINGER, 1000)
         self.status.connect(spec["addr"]["status"])
+        self.slots = None
+        self.last_tick: float | None = None  # None during setup (loading), which worker_start_timeout_s bounds
+        self._hb_stop = threading.Event()
+        self._hb = None
+        if spec.get("heartbeat_s"):
+            self._hb = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
+            self._hb.start()
+
+    def tick(self) -> None:
+        """The main loop made progress (called once per iteration; a poll waits at most POLL_MS)."""
+        self.last_tick = time.monotonic()
+
+    def _heartbeat(self) -> None:
+        """Beat every heartbeat_s from a thread, so beats flow while a forward runs (torch releases the GIL).
+        Each beat says how long the main loop has been in its current iteration: the parent calls a worker
+        hung when either the beats stop (stopped or frozen process) or that figure passes its deadline (stuck
+        inside one step). A ZeroMQ socket belongs to one thread, hence a socket of its own."""
+        sock = self.ctx.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 4)  # beats are only useful fresh; never queue many
+        sock.connect(self.spec["addr"]["status"])
+        try:
+            while not self._hb_stop.wait(self.spec["heartbeat_s"]):
+                try:
+                    last = self.last_tick
+                    busy = 0.0 if last is None else time.monotonic() - last
+                    sock.send(pack({"t": "hb", "who": self.name, "busy_s": busy}), zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass
+        finally:
+            sock.close(linger=0)
 
     def parent_alive(self) -> bool:
         return os.getppid() == self.parent
@@ -77,15 +118,34 @@ class _Worker:
         self.status.send(pack(msg))
 
     def run(self) -> None:
+        """Set up, loop, then exit with os._exit: sockets and shared memory are released here explicitly, and
+        skipping the interpreter's teardown (seconds with torch loaded) is what makes shutdown fast."""
+        code = 0
         try:
             self.setup()
+            self.tick()
             self.loop()
         except Exception:
-            self.report({"t": "error", "who": self.name, "msg": traceback.format_exc()})
-            time.sleep(0.2)  # let the error reach the scheduler before the sockets go
-            raise SystemExit(1)
+            code = 1
+            with _quiet():
+                self.report({"t": "error", "who": self.name, "msg": traceback.format_exc()})
         finally:
-            self.ctx.destroy(linger=500)
+            self._hb_stop.set()
+            if self._hb is not None:
+                self._hb.join(2)
+            if self.slots is not None:
+                with _quiet():
+                    self.slots.close()
+            with _quiet():
+                if self.spec["device"].startswith("cuda"):
+                    import torch
+                    torch.cuda.synchronize()
+            with _quiet():
+                self.ctx.destroy(linger=500)  # linger: the last status message (error) still goes out
+            with _quiet():
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
 
     def _fault(self, point: str) -> None:
         """Fault injection for the reliability tests: MINEDRAFT_FAULT=<who>:<point>:<n>."""
@@ -95,6 +155,9 @@ class _Worker:
             if f[2] <= 0:
                 if f[3] == "exit":
                     os._exit(3)
+                if f[3] == "sleep":  # a step that takes f[4] seconds (a slow or hung forward)
+                    time.sleep(float(f[4]))
+                    return
                 raise RuntimeError(f"injected fault in {self.name} at {point}")
 
 
@@ -190,6 +253,7 @@ class DrafterProcess(_Worker):
             if not draftable(turn) and draftable(1 - turn):
                 turn = 1 - turn  # the other batch can go now
             events = dict(poller.poll(0 if draftable(turn) else POLL_MS))
+            self.tick()
             if not self.parent_alive():
                 return
             for m in (_drain(self.cmd) if self.cmd in events else ()):
@@ -300,7 +364,9 @@ class VerifierProcess(_Worker):
 
     def loop(self):
         while True:
-            if not self.sub.poll(POLL_MS):
+            ready = self.sub.poll(POLL_MS)
+            self.tick()
+            if not ready:
                 if not self.parent_alive():
                     return
                 continue

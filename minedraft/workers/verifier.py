@@ -89,7 +89,7 @@ class Verifier:
         room = s.params.max_tokens - (len(s.tokens) - s.prompt_len)
         for i, t in enumerate(new[:room]):
             if t in s.stop_ids:
-                return new[:i], "stop"   # the stop token itself is not part of the output
+                return new[:i + 1], "stop"   # the stop token ends token_ids (RequestState keeps its text out)
         if len(new) >= room:
             return new[:room], "length"
         return new, None
