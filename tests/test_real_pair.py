@@ -62,7 +62,7 @@ def hf_reference(pair, prompts):
         for ids in prompts:
             g = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
                                pad_token_id=eos)[0, len(ids):].tolist()
-            out.append(g[:g.index(eos)] if eos in g else g)  # minedraft leaves the stop token out
+            out.append(g[:g.index(eos) + 1] if eos in g else g)  # the stop token ends token_ids, as in HF
     return out
 
 
