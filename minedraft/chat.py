@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from .errors import InvalidRequestError
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, as_params
 
 ROLES = ("system", "user", "assistant")
 
@@ -95,12 +95,7 @@ def end_of_turn_id(tokenizer) -> int | None:
 
 def chat_params(params, eot: int | None) -> SamplingParams:
     """The request's params, also stopping at the end-of-turn token (unless the caller asked to ignore eos)."""
-    if params is None:
-        params = SamplingParams()
-    elif isinstance(params, dict):
-        params = SamplingParams.from_dict(params)
-    elif not isinstance(params, SamplingParams):
-        raise InvalidRequestError(f"params must be SamplingParams or a dict, got {type(params).__name__}")
+    params = as_params(params)
     if eot is None or params.ignore_eos or eot in params.stop_token_ids:
         return params
     return dataclasses.replace(params, stop_token_ids=(*params.stop_token_ids, eot))

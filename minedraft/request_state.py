@@ -9,7 +9,7 @@ from .config import EngineConfig
 from .detokenize import IncrementalDetokenizer
 from .errors import InvalidRequestError
 from .outputs import GenerationResult, RequestStats, StreamDelta
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, as_params
 from .workers.requests import NewRequest
 from .workers.verifier import StepResult
 
@@ -17,12 +17,7 @@ from .workers.verifier import StepResult
 def make_request(rid: int, prompt, params: SamplingParams | dict | None, tokenizer, config: EngineConfig,
                  vocab_size: int) -> NewRequest:
     """Validate one request and tokenize it; raises InvalidRequestError with a message a user can act on."""
-    if params is None:
-        params = SamplingParams()
-    elif isinstance(params, dict):
-        params = SamplingParams.from_dict(params)
-    elif not isinstance(params, SamplingParams):
-        raise InvalidRequestError(f"params must be SamplingParams or a dict, got {type(params).__name__}")
+    params = as_params(params)
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("prompt is empty")

@@ -96,3 +96,14 @@ class SamplingParams:
             return cls(**d)
         except TypeError as e:  # e.g. unhashable values inside lists
             raise InvalidRequestError(f"invalid SamplingParams: {e}") from None
+
+
+def as_params(params) -> "SamplingParams":
+    """A request's params given as None (defaults), a dict or SamplingParams; anything else is refused."""
+    if params is None:
+        return SamplingParams()
+    if isinstance(params, dict):
+        return SamplingParams.from_dict(params)
+    if not isinstance(params, SamplingParams):
+        raise InvalidRequestError(f"params must be SamplingParams or a dict, got {type(params).__name__}")
+    return params
