@@ -47,16 +47,11 @@ def _resolve_devices(cfg: EngineConfig) -> tuple[str, str]:
 
 
 def _load_tokenizer_and_meta(cfg: EngineConfig):
-    """Check both model directories here, before spawning, and load the target's tokenizer."""
-    from transformers import AutoConfig
+    """Check both model directories here, before spawning (shapes that do not split over the tensor-parallel ranks
+    included), and load the target's tokenizer."""
     from .model_check import check_pair
-    from .workers.tensor_parallel import check_model
-    out = check_pair(cfg.target, cfg.draft, need_draft=cfg.effective_k > 0)
-    # shapes that do not split over the tensor-parallel ranks fail here, before any process starts
-    check_model(AutoConfig.from_pretrained(cfg.target, local_files_only=True), cfg.target_tp)
-    if cfg.effective_k:
-        check_model(AutoConfig.from_pretrained(cfg.draft, local_files_only=True), cfg.draft_tp)
-    return out
+    return check_pair(cfg.target, cfg.draft, need_draft=cfg.effective_k > 0, target_tp=cfg.target_tp,
+                      draft_tp=cfg.draft_tp)
 
 
 def _start_without_sigint(procs) -> None:

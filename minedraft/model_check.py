@@ -84,19 +84,28 @@ def load_tokenizer(path: str, role: str = "target"):
         raise ModelDirError(f"cannot load a tokenizer from {role} model directory {path} ({first[:200]})") from None
 
 
-def check_pair(target: str, draft: str, need_draft: bool = True):
-    """Check both directories and load the target's tokenizer; returns (tokenizer, vocab_size, eos ids)."""
+def _tp_check(config, world: int) -> None:
+    from .workers.tensor_parallel import check_model  # imports torch.distributed: only when ranks are asked for
+    check_model(config, world)
+
+
+def check_pair(target: str, draft: str, need_draft: bool = True, target_tp: int = 1, draft_tp: int = 1):
+    """Check both directories (and that their shapes split over the tensor-parallel ranks) and load the target's
+    tokenizer; returns (tokenizer, vocab_size, eos ids)."""
     check_model_dir(target, "target")
     if need_draft:
         check_model_dir(draft, "draft")
     from transformers import AutoConfig  # slow to import: only once the cheap checks passed
 
     from .local_engine import eos_ids
+    check_model = _tp_check if target_tp > 1 or draft_tp > 1 else (lambda cfg, world: None)
     tok = load_tokenizer(target, "target")
     tcfg = AutoConfig.from_pretrained(target, local_files_only=True)
+    check_model(tcfg, target_tp)
     if need_draft:
         from .workers.model_runner import load_vocab_map
         dcfg = AutoConfig.from_pretrained(draft, local_files_only=True)
+        check_model(dcfg, draft_tp)
         try:
             vmap = load_vocab_map(draft)  # a reduced-vocabulary draft names the vocabulary it maps into
         except (OSError, ValueError, KeyError, TypeError) as e:
