@@ -70,12 +70,13 @@ def phase_gen(args):
     runner = ModelRunner.from_pretrained(tdir, B * (args.max_new + 160), 16, dtype=args.gen_dtype)
     out = Path(args.work) / "gen"
     out.mkdir(parents=True, exist_ok=True)
-    prompts = train_prompts()[: args.num_prompts]
+    prompts = (train_prompts() if args.prompts == "chat" else wide_prompts(tok))[: args.num_prompts]
+    tag = "" if args.prompts == "chat" else "w_"
     deadline = time.time() + args.gen_minutes * 60 if args.gen_minutes else None
     bar = tqdm(range(0, len(prompts), B), desc="gen", unit="batch")
     eos = tok.eos_token_id
     for s in bar:
-        path = out / f"shard_{s // B:05d}.pt"
+        path = out / f"shard_{tag}{s // B:05d}.pt"
         if path.exists():
             continue
         if deadline and time.time() > deadline:
@@ -107,6 +108,20 @@ def phase_gen(args):
                  "top_v": torch.stack([t[1] for t in tops[i]])} for i, b in enumerate(batch)]
         torch.save(rows, path)
         bar.set_postfix(tok_s=f"{sum(map(len, gen)) / (time.time() - t0):.0f}")
+
+
+def wide_prompts(tok) -> list[str]:
+    """Many more topics than chat_prompts has: the English words of the target's vocabulary (single tokens,
+    lowercase, 5-13 letters), one training template each. Words sharing a stem with a held-out topic are left out,
+    so acceptance on the held-out prompts still measures unseen topics."""
+    from minedraft.chat_prompts import HELD_OUT_TOPICS, TRAIN_TEMPLATES, _topics
+    stems = {w[:5].lower() for t in _topics(HELD_OUT_TOPICS) for w in t.split() if len(w) >= 5}
+    words = sorted(w[1:] for w in tok.get_vocab() if w.startswith("\u0120") and w[1:].isalpha()
+                   and w[1:].islower() and 5 <= len(w) <= 14 and w[1:6] not in stems)
+    rng = random.Random(0)
+    out = [rng.choice(TRAIN_TEMPLATES).format(t=w) for w in words]
+    rng.shuffle(out)
+    return out
 
 
 def load_rows(work) -> list[dict]:
@@ -222,6 +237,10 @@ def phase_train(args):
     total = steps_per_epoch * args.epochs
     opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     step = 0
+    if not ckpt.exists() and args.init_from:
+        # continue from an earlier draft's weights with a fresh optimiser and schedule (e.g. on more data)
+        draft.load_state_dict(torch.load(args.init_from)["model"])
+        print(f"train: weights from {args.init_from}", file=sys.stderr)
     if ckpt.exists():
         st = torch.load(ckpt)
         draft.load_state_dict(st["model"])
@@ -333,7 +352,10 @@ def main(argv=None):
     ap.add_argument("--work", default=str(ROOT / "out" / "smollm2-draft"))
     ap.add_argument("--export-dir", default=str(EXPORT))
     ap.add_argument("--num-prompts", type=int, default=3040)
-    ap.add_argument("--gen-batch", type=int, default=32)
+    ap.add_argument("--gen-batch", type=int, default=128)
+    ap.add_argument("--prompts", choices=["chat", "wide"], default="chat",
+                    help="chat: chat_prompts' topics x templates; wide: the vocabulary's English words as topics")
+    ap.add_argument("--init-from", default=None, help="train: start from this checkpoint's weights (fresh optimiser)")
     ap.add_argument("--gen-minutes", type=float, default=0, help="stop generating after this long (0: no limit)")
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--gen-dtype", default="bfloat16",
