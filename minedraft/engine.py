@@ -185,7 +185,7 @@ class Engine:
                 hung = sched.hung_worker(self.config.heartbeat_timeout_s)
                 if hung:
                     who, why = hung
-                    p = self.procs[0 if who == "drafter" else 1]
+                    p = next((q for q in self.procs if q.name == f"minedraft-{who}"), self.procs[0])
                     sched.fail(EngineDeadError(f"worker {p.name} (pid {p.pid}) is hung: {why}"))
             if sched.dead:
                 await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, 0.0)

@@ -7,9 +7,12 @@ prefills); they replay it on
 their own ModelRunner, so block tables, lengths and the ragged grouping of the forward are identical on every
 rank and the collectives inside the forward line up. Only rank 0 samples and talks to the scheduler.
 
-Two process groups: the step broadcast runs on a gloo group with a long timeout (waiting for the next step is
-normal idleness), the forward's all_reduce/gather on a gloo (CPU) or NCCL (GPU) group with tp_timeout_s, so a
-rank stuck in a collective raises instead of hanging; the engine's watchdog watches every rank's process.
+Two process groups: the step broadcast runs on a gloo group with a long timeout (a follower waiting for the next
+step is normal idleness), the forward's all_reduce/gather on a gloo (CPU) or NCCL (GPU) group with tp_timeout_s, so
+a rank stuck in a collective raises instead of hanging. Rank 0's side of the step broadcast is bounded by
+tp_timeout_s too (an async broadcast waited on with that timeout): a follower that is stopped or frozen never
+takes the step, and rank 0 then raises and reports it instead of waiting for days. The engine's watchdog watches
+every rank's process.
 """
 
 from __future__ import annotations
@@ -37,15 +40,32 @@ def encode_forward(seq_ids, token_lists, num_logits: int) -> list[int]:
     return out
 
 
-def send_step(ops: list[int], group) -> None:
-    """One broadcast when the step fits HEADER (element 0 is the total length), a second for the rest."""
+class StepTimeout(RuntimeError):
+    pass
+
+
+def _bounded_broadcast(t: torch.Tensor, group, timeout: timedelta | None) -> None:
+    if timeout is None:
+        dist.broadcast(t, 0, group=group)
+        return
+    work = dist.broadcast(t, 0, group=group, async_op=True)
+    try:
+        work.wait(timeout)
+    except RuntimeError as e:
+        raise StepTimeout(f"a tensor-parallel follower did not take the next step within "
+                          f"tp_timeout_s={timeout.total_seconds():g} s (stopped, frozen or dead rank): {e}") from e
+
+
+def send_step(ops: list[int], group, timeout: timedelta | None = None) -> None:
+    """One broadcast when the step fits HEADER (element 0 is the total length), a second for the rest.
+    The sender waits at most `timeout` for the followers to take it (they wait without limit)."""
     buf = torch.zeros(HEADER, dtype=torch.long)
     n = len(ops)
     buf[0] = n
     buf[1:1 + min(n, HEADER - 1)] = torch.tensor(ops[:HEADER - 1], dtype=torch.long)
-    dist.broadcast(buf, 0, group=group)
+    _bounded_broadcast(buf, group, timeout)
     if n > HEADER - 1:
-        dist.broadcast(torch.tensor(ops[HEADER - 1:], dtype=torch.long), 0, group=group)
+        _bounded_broadcast(torch.tensor(ops[HEADER - 1:], dtype=torch.long), group, timeout)
 
 
 def recv_step(group) -> list[int]:
@@ -115,8 +135,8 @@ class _RecordingCache:
 class LeaderRunner:
     """Rank 0's ModelRunner: the same interface; each forward first tells the followers what to do."""
 
-    def __init__(self, runner, step_group):
-        self._runner, self._group = runner, step_group
+    def __init__(self, runner, step_group, timeout: timedelta | None = None):
+        self._runner, self._group, self._timeout = runner, step_group, timeout
         self._ops: list[int] = []
         self.cache = _RecordingCache(runner.cache, self._ops)
 
@@ -126,7 +146,7 @@ class LeaderRunner:
     def _flush(self, tail: list[int]) -> None:
         ops = self._ops + tail
         self._ops.clear()
-        send_step(ops, self._group)
+        send_step(ops, self._group, self._timeout)
 
     def forward(self, seq_ids, token_lists, num_logits: int = 1):
         self._flush(encode_forward(seq_ids, token_lists, num_logits))
@@ -161,7 +181,7 @@ class _Leader:
         shard, group = _init_group(self.spec)
         runner = _load_shard(self.spec, path, shard)
         dist.barrier(group=group)      # 'ready' then means every rank holds its shard
-        return LeaderRunner(runner, group)
+        return LeaderRunner(runner, group, timedelta(seconds=self.spec["tp"]["timeout_s"]))
 
     def loop(self):
         super().loop()
