@@ -6,13 +6,26 @@ the same budget unevenly over rows, so its gain is not the formula's). The draft
 drafting at all when k = 0), the verifier T_v(k). In the two-batch pipeline a step costs max(draft, verify),
 in sequential SD their sum. We pick the k with the best G(k) / step time.
 
-Costs depend on how many rows a step carries, so draft and verify times are kept per batch-size bucket
-(powers of two): when load changes (a burst, then a trickle) the controller switches to that bucket's
-measurements, borrowing from the nearest measured bucket until it has its own. Every `explore_every` steps
-it tries a neighbour of the current k (0 included) so the estimates stay fresh and it can come back from 0.
+In minedraft mode with merging (`merge_zero`), k = 0 is not a pipeline step: the two half batches merge into
+one and the verifier borrows the drafter's cores (workers/process.py `_rebalance`), so a k = 0 step carries
+every running row while a k > 0 step carries half of them; its tokens per second are compared with that
+factor of 2.
+
+Costs depend on how many requests are running, so draft and verify times are kept per batch-size bucket
+(powers of two, of the running rows, not of one step's rows): when load changes (a burst, then a trickle) the controller switches to that bucket's
+measurements, borrowing from the nearest measured bucket until it has its own. A cost is the median of its
+last `window` measurements, so a one-off stall (a busy host) does not move it; a measurement more than 2x
+away from that median is held back, and only a second one in a row replaces the window (the regime changed:
+another load, a drafter that got cheaper). Every `explore_every` steps it tries another budget for two steps,
+cycling through k - 1, k + 1 and 0, so the estimates stay fresh, plain decoding is re-measured even from a
+large k, and it can come back from 0 (the caller drops the draft time of the first step after plain decoding:
+it also caught the drafter up).
 """
 
 from __future__ import annotations
+
+from collections import deque
+from statistics import median
 
 
 def bucket(rows: int) -> int:
@@ -22,35 +35,57 @@ def bucket(rows: int) -> int:
 
 class AdaptiveK:
     def __init__(self, k_max: int, overlap: bool, k_start: int | None = None, ema: float = 0.2,
-                 explore_every: int = 48, extra: int = 0, allow_zero: bool = True, tetris: bool = False):
+                 explore_every: int = 48, extra: int = 0, allow_zero: bool = True, tetris: bool = False,
+                 merge_zero: bool = False, window: int = 12):
         self.k_max, self.overlap, self.ema, self.explore_every = k_max, overlap, ema, explore_every
+        self.merge_zero = merge_zero and overlap
         self.extra, self.k_min, self.tetris = extra, 0 if allow_zero else 1, tetris
         self.k = k_start if k_start is not None else max(1, k_max // 2)
         self.alpha = 0.7
-        self.t_draft_tok: dict[int, float] = {}         # bucket -> seconds per drafted position
-        self.t_verify: dict[int, dict[int, float]] = {}  # bucket -> k -> seconds per verify step
+        self.window = window
+        self.t_draft_tok: dict[int, float] = {}         # bucket -> seconds per drafted position (median)
+        self.t_verify: dict[int, dict[int, float]] = {}  # bucket -> k -> seconds per verify step (median)
+        self._samples: dict[tuple, deque] = {}           # ("d", bucket) / ("v", bucket, k) -> recent costs
+        self._odd: dict[tuple, float] = {}               # a cost far from its median, held back
+        self._probe_left = 0
         self.gain: dict[int, float] = {}                 # k -> measured tokens per row per step
         self.rows = 1
         self.steps = 0
         self.history: list[int] = []
 
-    def _mix(self, old, new, reset: bool = False):
-        """Running mean. reset (costs): a value off by more than 2x replaces it, a regime change (a cost is
-        observed only while its budget is used, so a slow mean would keep it stale for long)."""
-        if old is None or (reset and not 0.5 <= new / max(old, 1e-12) <= 2.0):
+    def _mix(self, old, new):
+        """Running mean (acceptance and gain: they change slowly and every step measures them)."""
+        if old is None:
             return new
         return (1 - self.ema) * old + self.ema * new
 
-    def observe(self, k: int, draft_s: float, verify_s: float, accepted: int, rejections: int,
+    def _cost(self, key: tuple, value: float) -> float:
+        """Median of the last `window` measurements of one cost."""
+        q = self._samples.setdefault(key, deque(maxlen=self.window))
+        if q:
+            m = median(q)
+            if abs(value - m) > max(m, value) / 2:   # more than 2x away: a stall, or a new regime
+                prev = self._odd.pop(key, None)
+                if prev is None:
+                    self._odd[key] = value
+                    return m
+                q.clear()                             # two in a row: the regime changed
+                q.append(prev)
+            else:
+                self._odd.pop(key, None)
+        q.append(value)
+        return median(q)
+
+    def observe(self, k: int, draft_s: float | None, verify_s: float, accepted: int, rejections: int,
                 rows: int = 1) -> None:
         """One verdict: budget k per row, `rows` rows, `accepted` drafts kept in all, `rejections` rows that
         hit a rejection before their last draft (per-token acceptance = accepted / (accepted + rejections),
         the maximum-likelihood value for independent acceptances, unbiased by the draft count)."""
         b = bucket(rows)
         self.rows = rows
-        if k > 0:
-            self.t_draft_tok[b] = self._mix(self.t_draft_tok.get(b), draft_s / (k + self.extra), True)
-        self.t_verify.setdefault(b, {})[k] = self._mix(self.t_verify.get(b, {}).get(k), verify_s, True)
+        if k > 0 and draft_s is not None:
+            self.t_draft_tok[b] = self._cost(("d", b), draft_s / (k + self.extra))
+        self.t_verify.setdefault(b, {})[k] = self._cost(("v", b, k), verify_s)
         self.gain[k] = self._mix(self.gain.get(k), 1 + accepted / max(rows, 1))
         if accepted + rejections:
             self.alpha = min(0.99, max(0.01, self._mix(self.alpha, accepted / (accepted + rejections))))
@@ -97,6 +132,12 @@ class AdaptiveK:
         td = (self.t_draft_tok.get(b) or self._nearest(self.t_draft_tok, b) or 0.0) * (k + self.extra)
         return max(td, tv) if self.overlap else td + tv
 
+    def rate(self, k: int, rows: int | None = None) -> float:
+        """Predicted output tokens per second at budget k, up to the rows-per-step factor common to every k
+        (the merged k = 0 step carries twice the rows of a pipeline step)."""
+        rows_factor = 2.0 if self.merge_zero and k == 0 else 1.0
+        return rows_factor * self.expected_tokens(k) / max(self.step_time(k, rows), 1e-9)
+
     def choose(self, rows: int | None = None) -> int:
         """The budget for the next step of a batch of `rows` rows (default: the last observed)."""
         self.steps += 1
@@ -105,9 +146,15 @@ class AdaptiveK:
         if not self.t_verify:
             return self.k
         ks = range(self.k_min, self.k_max + 1)
-        best = max(ks, key=lambda k: self.expected_tokens(k) / max(self.step_time(k), 1e-9))
-        if self.steps % self.explore_every == 0:
-            best = min(self.k_max, max(self.k_min, best + (1 if (self.steps // self.explore_every) % 2 else -1)))
+        best = max(ks, key=self.rate)
+        if self._probe_left:
+            self._probe_left -= 1
+            best = self.k
+        elif self.steps % self.explore_every == 0:
+            probes = [p for p in dict.fromkeys((best - 1, best + 1, 0)) if p != best and self.k_min <= p <= self.k_max]
+            if probes:
+                best = probes[(self.steps // self.explore_every) % len(probes)]
+                self._probe_left = 1
         self.k = best
         self.history.append(best)
         return best

@@ -116,7 +116,12 @@ class Engine:
                   "slot_nbytes": nbytes, "eos": eos, "target": cfg.target, "draft": cfg.draft,
                   "fault": list(self._fault) if self._fault else None,
                   "tetris": bool(cfg.tetris and k), "extra": cfg.max_draft - k, "capacity": cfg.tetris_capacity,
-                  "heartbeat_s": min(1.0, cfg.heartbeat_timeout_s / 4)}
+                  "heartbeat_s": min(1.0, cfg.heartbeat_timeout_s / 4),
+                  # dynamic speculation in minedraft mode: with k = 0 the two batches merge into one (workers/
+                  # process.py _rebalance) and the verifier borrows the idle drafter's cores (CPU, one rank)
+                  "merge_on_zero": bool(cfg.adaptive_k and k and cfg.mode == "minedraft")}
+        lend = (common["merge_on_zero"] and not target_dev.startswith("cuda") and cfg.target_tp == 1
+                and not set(draft_cores) & set(target_cores))
         try:
             self._ctx = zmq.asyncio.Context()
             self.scheduler = AsyncScheduler(cfg, self.tokenizer, vocab, self._ctx, addr, self._trace)
@@ -128,7 +133,8 @@ class Engine:
             draft_procs = role_processes(mpc, "drafter", drafter_main, {**common, "device": draft_dev},
                                          cfg.draft_tp if k else 1, draft_cores, f"file://{self._tmp}/tp_drafter",
                                          cfg.tp_timeout_s)
-            verify_procs = role_processes(mpc, "verifier", verifier_main, {**common, "device": target_dev},
+            verify_procs = role_processes(mpc, "verifier", verifier_main,
+                                          {**common, "device": target_dev, "lend_cores": draft_cores if lend else None},
                                           cfg.target_tp, target_cores, f"file://{self._tmp}/tp_verifier",
                                           cfg.tp_timeout_s)
             # drafter and verifier (rank 0) first: health() reads them by position
@@ -147,9 +153,11 @@ class Engine:
     def _attach_adaptive_k(self) -> None:
         from .adaptive_k import AdaptiveK
         cfg = self.config
+        merge = cfg.mode == "minedraft"  # the workers merge the two batches at k = 0 (spec "merge_on_zero")
         ctl = self.adaptive = AdaptiveK(cfg.k, overlap=cfg.mode == "minedraft", extra=cfg.max_draft - cfg.k,
-                                            tetris=cfg.tetris)
+                                        tetris=cfg.tetris, merge_zero=merge)
         sched = self.scheduler
+        last = {"k": None}
 
         def on_verdict(m: dict) -> None:
             res = m["results"]
@@ -158,9 +166,14 @@ class Engine:
             if m.get("prefill"):  # a step that also scored prompts says nothing about the cost of k
                 return
             k = m.get("k", res[0][2])  # the step's per-row budget (Tetris rows carry different counts)
-            ctl.observe(k, m["draft_t1"] - m["draft_t0"], m["t1"] - m["t0"],
-                        sum(r[3] for r in res), sum(1 for r in res if r[3] < r[2]), rows=len(res))
-            new_k = ctl.choose(len(res))
+            running = max(len(res), len(sched.running))  # costs are kept by load (running rows), not step rows
+            if merge and k == 0 and len(res) < running:
+                return  # a half batch on its way to the merge: not what a k = 0 step costs
+            resumed, last["k"] = k > 0 and last["k"] == 0, k
+            draft_s = None if resumed else m["draft_t1"] - m["draft_t0"]  # resumed: it also caught the drafter up
+            ctl.observe(k, draft_s, m["t1"] - m["t0"], sum(r[3] for r in res),
+                        sum(1 for r in res if r[3] < r[2]), rows=running)
+            new_k = ctl.choose(running)
             if new_k != k:
                 sched.set_k(new_k)
         sched.on_verdict = on_verdict

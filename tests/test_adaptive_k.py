@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from minedraft.adaptive_k import AdaptiveK
+from minedraft.adaptive_k import AdaptiveK, bucket
 
 
 def _simulate(overlap: bool, alpha: float, td_tok: float, tv0: float, tv_tok: float, steps=400, B=8, seed=0):
@@ -135,9 +135,11 @@ def test_tetris_mode_ranks_budgets_by_measured_gain():
 
 
 async def test_engine_drops_to_plain_decoding_and_comes_back(tiny_pair):
-    """End to end: the controller's 0 reaches the drafter (verdicts carry no drafts, output unchanged), and
-    drafting resumes when it pays again. Costs are synthetic (the real timings are replaced in observe)
-    so the decision is deterministic on a noisy machine; acceptance is the real one."""
+    """End to end: the controller's 0 reaches the drafter (verdicts carry no drafts, output unchanged), the two
+    batches merge into one and the verifier borrows the drafter's cores while nothing is drafted, and drafting
+    (two half batches, own cores) resumes when it pays again. Costs are synthetic (the real timings are
+    replaced in observe) so the decision is deterministic on a noisy machine; acceptance is the real one."""
+    from minedraft.cores import available_cores
     import asyncio
 
     from minedraft.config import EngineConfig
@@ -145,29 +147,80 @@ async def test_engine_drops_to_plain_decoding_and_comes_back(tiny_pair):
     from minedraft.local_engine import LocalEngine
     from minedraft.sampling_params import SamplingParams
 
-    kw = dict(target=tiny_pair.target, draft=tiny_pair.draft, k=3, max_prompt_tokens=64, max_tokens_limit=64,
+    kw = dict(target=tiny_pair.target, draft=tiny_pair.draft, k=3, max_prompt_tokens=64, max_tokens_limit=96,
               kv_cache_tokens=16384, max_batch_size=16)
     prompts = [f"the class statement {w}" for w in "abcdefgh"]
     params = SamplingParams(max_tokens=40, ignore_eos=True)
+    longer = SamplingParams(max_tokens=96, ignore_eos=True)  # room to come back from 0 and settle
     slow = {"on": True}
     async with Engine(EngineConfig(adaptive_k=True, **kw)) as engine:
         ctl = engine.adaptive
-        ctl.explore_every = 6
+        ctl.explore_every = 16
         real = ctl.observe
 
         def observe(k, draft_s, verify_s, accepted, rejections, rows=1):
             # a drafter 100x slower than the verifier while `slow`, free afterwards
-            real(k, 100.0 * k if slow["on"] else 0.0, 1.0 + 0.1 * k, accepted, rejections, rows)
+            # (a merged k = 0 step scores twice the rows of a pipeline step: nearly twice the cost)
+            real(k, 100.0 * k if slow["on"] else 0.0, 1.9 if k == 0 else 1.0 + 0.1 * k, accepted, rejections,
+                 rows)
         ctl.observe = observe
         verdicts, hook = [], engine.scheduler.on_verdict
         engine.scheduler.on_verdict = lambda m: (verdicts.append(m), hook(m))
         first = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
         n1 = len(verdicts)
         slow["on"] = False
-        second = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+        second = await asyncio.gather(*(engine.generate(p, longer) for p in prompts))
+        n2 = len(verdicts)
+
+        async def placement_at(k):   # where the workers run after a few steps at budget k
+            choose, ctl.choose = ctl.choose, lambda rows=None: k
+            await engine.generate(prompts[0], SamplingParams(max_tokens=24, ignore_eos=True))
+            ctl.choose = choose
+            return await engine.placement()
+        where_plain, where_spec = await placement_at(0), await placement_at(2)
     drafted = [sum(r[2] for r in m["results"]) for m in verdicts]
-    late1, late2 = drafted[n1 // 2:n1], drafted[n1 + (len(drafted) - n1) // 2:]
+    late1, late2 = drafted[n1 // 2:n1], drafted[n1 + (n2 - n1) // 2:n2]
     assert sum(d == 0 for d in late1) >= 0.7 * len(late1), late1  # plain decoding, exploring now and then
     assert sum(d > 0 for d in late2) >= 0.7 * len(late2), late2   # speculation is back
-    ref = LocalEngine(EngineConfig(mode="autoregressive", **kw)).generate(prompts, params)
-    assert [r.token_ids for r in first] == [r.token_ids for r in second] == [r.token_ids for r in ref]
+    rows = [len(m["results"]) for m in verdicts]
+    plain_rows = [r for r, d in zip(rows[n1 // 2:n1], late1) if d == 0]
+    spec_rows = [r for r, d in zip(rows[n1 + (n2 - n1) // 2:n2], late2) if d > 0]
+    assert sorted(plain_rows)[len(plain_rows) // 2] == len(prompts), plain_rows  # one merged batch
+    assert max(spec_rows) <= len(prompts) // 2, spec_rows                        # two half batches again
+    if len(available_cores()) >= 2:
+        own, lent = where_spec["verifier"]["cores"], where_spec["drafter"]["cores"]
+        assert not set(own) & set(lent)
+        assert where_plain["verifier"]["cores"] == sorted(set(own) | set(lent)), where_plain
+        assert where_plain["drafter"]["cores"] == lent
+    ref = LocalEngine(EngineConfig(mode="autoregressive", **kw)).generate(prompts, longer)
+    assert [r.token_ids for r in first] == [r.token_ids[:40] for r in ref]
+    assert [r.token_ids for r in second] == [r.token_ids for r in ref]
+
+
+def test_one_stall_is_ignored_two_in_a_row_are_a_new_regime():
+    """Costs are medians of recent steps: a single slow step (a busy host) leaves the estimate alone; a second
+    one in a row means the cost really changed, and the estimate follows at once."""
+    ctl = AdaptiveK(k_max=4, overlap=True, k_start=2)
+    for _ in range(6):
+        ctl.observe(2, 0.002, 0.010, 8, 2, rows=8)
+    ctl.observe(2, 0.002, 0.100, 8, 2, rows=8)            # one stall
+    assert ctl.verify_time(2, 8) == pytest.approx(0.010)
+    ctl.observe(2, 0.002, 0.010, 8, 2, rows=8)
+    ctl.observe(2, 0.002, 0.040, 8, 2, rows=8)            # the load changed: two in a row
+    ctl.observe(2, 0.002, 0.041, 8, 2, rows=8)
+    assert ctl.verify_time(2, 8) == pytest.approx(0.0405)
+    ctl.observe(2, None, 0.041, 8, 2, rows=8)             # no draft time (the drafter was catching up)
+    assert ctl.t_draft_tok[bucket(8)] == pytest.approx(0.001)
+
+
+def test_merged_plain_step_counts_twice_the_rows():
+    """In minedraft mode with merging, a k = 0 step verifies every running row (one batch, all cores), a k > 0
+    step half of them: at equal step times plain decoding is worth twice the tokens per step of a pipeline
+    step that accepts nothing."""
+    for merge, expect_zero in ((True, True), (False, False)):
+        ctl = AdaptiveK(k_max=2, overlap=True, k_start=1, merge_zero=merge)
+        for _ in range(4):
+            ctl.observe(0, 0.0, 0.010, 0, 0, rows=16)
+            ctl.observe(1, 0.001, 0.010, 4, 4, rows=16)   # acceptance 0.5: 1.5 tokens per row per step
+            ctl.observe(2, 0.002, 0.010, 6, 6, rows=16)
+        assert (ctl.choose(16) == 0) == expect_zero, ctl.history

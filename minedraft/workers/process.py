@@ -241,12 +241,19 @@ class DrafterProcess(_Worker):
         poller = zmq.Poller()
         poller.register(self.cmd, zmq.POLLIN)
         poller.register(self.verdicts, zmq.POLLIN)
+        merge = bool(self.spec.get("merge_on_zero"))
+
+        def home(rb: int) -> int:
+            """The batch an admitted request joins: the scheduler's choice, except that with no drafts (k = 0)
+            everything goes to batch 0 when merging is on (see _rebalance)."""
+            return 0 if merge and k == 0 else rb
+
         def draftable(b: int) -> bool:
             if outstanding[b]:
                 return False
             if batches[b] or removed[b]:
                 return True
-            need = [r.cache_tokens(self.max_draft) for r, rb in adds if rb == b]
+            need = [r.cache_tokens(self.max_draft) for r, rb in adds if home(rb) == b]
             return bool(need) and (not self.drafter or self.runner.cache.can_allocate(need[0]))
 
         while True:
@@ -298,13 +305,15 @@ class DrafterProcess(_Worker):
                         self.drafter.remove(rid)
                     removed[b].append(rid)
                     aborts.discard(rid)
+            if merge:
+                _rebalance(k, batches, batch_of, removed, outstanding)
             b = turn
             if outstanding[b]:
                 continue
             new_reqs = []
             for item in list(adds):
                 req, ab = item
-                if ab != b:
+                if home(ab) != b:
                     continue
                 if self.drafter and not self.runner.cache.can_allocate(req.cache_tokens(self.max_draft)):
                     break
@@ -339,6 +348,27 @@ class DrafterProcess(_Worker):
                 turn = 1 - b
 
 
+def _rebalance(k: int, batches: dict, batch_of: dict, removed: dict, outstanding: dict) -> None:
+    """Dynamic speculation in minedraft mode. With no drafts (k = 0) two half batches buy nothing (there is no
+    drafting to overlap) and cost two weight passes instead of one, so batch 1's rows join batch 0 as soon as
+    batch 1 is back from the verifier: one full batch per verify step, as in autoregressive mode. With drafts
+    again, half of batch 0 moves back to batch 1 once neither is in flight. Rows keep their drafter and verifier
+    state (both are keyed by request, not by batch); only the drafter's bookkeeping moves."""
+    if k == 0:
+        if not outstanding[1] and (batches[1] or removed[1]):
+            for rid in batches[1]:
+                batch_of[rid] = 0
+            batches[0].extend(batches[1])
+            removed[0].extend(removed[1])
+            batches[1], removed[1] = [], []
+    elif not batches[1] and not outstanding[0] and not outstanding[1] and len(batches[0]) >= 2:
+        half = len(batches[0]) // 2
+        batches[1] = batches[0][half:]
+        del batches[0][half:]
+        for rid in batches[1]:
+            batch_of[rid] = 1
+
+
 class VerifierProcess(_Worker):
     def setup(self):
         from .requests import NewRequest
@@ -355,6 +385,24 @@ class VerifierProcess(_Worker):
         self.to_drafter.connect(a["verdict_drafter"])
         self.slots = None
         self.report({"t": "ready", "who": "verifier"})
+
+    def _widen(self, wide: bool) -> None:
+        """While dynamic speculation drafts nothing the drafter's cores sit idle: verify on them too (as
+        autoregressive mode does), and give them back as soon as drafting resumes. New torch threads inherit
+        the widened affinity; when narrowed they are left unused."""
+        if wide == getattr(self, "_wide", False):
+            return
+        import torch
+
+        from ..cores import threads_for
+        cores = sorted(set(self.spec["cores"]) | set(self.spec["lend_cores"])) if wide else self.spec["cores"]
+        if wide:
+            os.sched_setaffinity(0, set(cores))
+            torch.set_num_threads(threads_for(cores))
+        else:
+            torch.set_num_threads(threads_for(cores))
+            os.sched_setaffinity(0, set(cores))
+        self._wide = wide
 
     def attach(self, m: dict):
         if m.get("cuda_handles"):
@@ -390,6 +438,8 @@ class VerifierProcess(_Worker):
             if not m["rids"]:
                 continue
             self._fault("verify")
+            if self.spec.get("lend_cores"):
+                self._widen(m.get("k", 0) == 0)
             t0 = time.monotonic()
             drafts, q = self.slots.read(m["desc"])
             prefill = bool(m["adds"])  # new requests: this step also scored their prompts
