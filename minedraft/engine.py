@@ -130,7 +130,8 @@ class Engine:
             mpc = mp.get_context("spawn")
             from .workers.tp_workers import role_processes  # imports torch.distributed: not at engine import
             # each role's cores are split among its ranks (shared when there are fewer cores than ranks)
-            draft_procs = role_processes(mpc, "drafter", drafter_main, {**common, "device": draft_dev},
+            draft_procs = role_processes(mpc, "drafter", drafter_main,
+                                         {**common, "device": draft_dev, "share_cores": target_cores if lend else None},
                                          cfg.draft_tp if k else 1, draft_cores, f"file://{self._tmp}/tp_drafter",
                                          cfg.tp_timeout_s)
             verify_procs = role_processes(mpc, "verifier", verifier_main,

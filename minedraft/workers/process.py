@@ -214,6 +214,15 @@ class DrafterProcess(_Worker):
             self.pub.send(pack({"t": "slots", "cuda_handles": handles}))
         self.report({"t": "ready", "who": "drafter"})
 
+    def _share(self, idle: bool) -> None:
+        """While nothing is drafted the verifier borrows this worker's cores (VerifierProcess._widen); this
+        worker then runs on the verifier's cores too, so the message hand-over is never queued behind a
+        verifier thread on its one core (as in autoregressive mode, where both may run everywhere)."""
+        share = self.spec.get("share_cores")
+        if share and idle != getattr(self, "_shared", False):
+            os.sched_setaffinity(0, set(self.spec["cores"]) | (set(share) if idle else set()))
+            self._shared = idle
+
     def _usage(self, batches, adds) -> dict:
         cache = self.runner.cache if self.runner else None
         return {"seqs": len(batches[0]) + len(batches[1]), "waiting": len(adds),
@@ -270,6 +279,7 @@ class DrafterProcess(_Worker):
                     aborts.update(m["rids"])
                 elif m["t"] == "set_k":
                     k = max(0, min(self.k_max, int(m["k"]))) if self.k_max else 0
+                    self._share(k == 0)
                 elif m["t"] == "probe":
                     self.report({"t": "probe", "who": "drafter", "id": m["id"], **self._usage(batches, adds),
                                  **placement()})
