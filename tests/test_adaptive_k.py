@@ -191,7 +191,7 @@ async def test_engine_drops_to_plain_decoding_and_comes_back(tiny_pair):
         own, lent = where_spec["verifier"]["cores"], where_spec["drafter"]["cores"]
         assert not set(own) & set(lent)
         assert where_plain["verifier"]["cores"] == sorted(set(own) | set(lent)), where_plain
-        assert where_plain["drafter"]["cores"] == lent
+        assert where_plain["drafter"]["cores"] == sorted(set(own) | set(lent))  # idle: may run anywhere
     ref = LocalEngine(EngineConfig(mode="autoregressive", **kw)).generate(prompts, longer)
     assert [r.token_ids for r in first] == [r.token_ids[:40] for r in ref]
     assert [r.token_ids for r in second] == [r.token_ids for r in ref]
