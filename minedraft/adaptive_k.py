@@ -8,18 +8,23 @@ in sequential SD their sum. We pick the k with the best G(k) / step time.
 
 In minedraft mode with merging (`merge_zero`), k = 0 is not a pipeline step: the two half batches merge into
 one and the verifier borrows the drafter's cores (workers/process.py `_rebalance`), so a k = 0 step carries
-every running row while a k > 0 step carries half of them; its tokens per second are compared with that
-factor of 2.
+every running row while a k > 0 step carries half of them.
+
+The model is only the prior. Once a budget has run a few steps at the current load, its measured goodput
+(output tokens of the step over the wall time since the previous verdict) is what the choice compares: the
+model leaves out hand-overs, the merge and Python, which decide between close budgets on a CPU.
 
 Costs depend on how many requests are running, so draft and verify times are kept per batch-size bucket
 (powers of two, of the running rows, not of one step's rows): when load changes (a burst, then a trickle) the controller switches to that bucket's
 measurements, borrowing from the nearest measured bucket until it has its own. A cost is the median of its
 last `window` measurements, so a one-off stall (a busy host) does not move it; a measurement more than 2x
 away from that median is held back, and only a second one in a row replaces the window (the regime changed:
-another load, a drafter that got cheaper). Every `explore_every` steps it tries another budget for two steps,
+another load, a drafter that got cheaper). Every `explore_every` steps (the gap doubles after each probe, up to
+`max_gap_factor` times, while the choice and the load stand) it tries another budget for `probe_steps` steps,
 cycling through k - 1, k + 1 and 0, so the estimates stay fresh, plain decoding is re-measured even from a
 large k, and it can come back from 0 (the caller drops the draft time of the first step after plain decoding:
-it also caught the drafter up).
+it also caught the drafter up, and measures goodput only from the third step at one budget: the first ones
+after a switch pay for the merge or split and for waking the borrowed cores' threads).
 """
 
 from __future__ import annotations
@@ -36,17 +41,22 @@ def bucket(rows: int) -> int:
 class AdaptiveK:
     def __init__(self, k_max: int, overlap: bool, k_start: int | None = None, ema: float = 0.2,
                  explore_every: int = 48, extra: int = 0, allow_zero: bool = True, tetris: bool = False,
-                 merge_zero: bool = False, window: int = 12):
+                 merge_zero: bool = False, window: int = 12, min_measured: int = 3, probe_steps: int = 2,
+                 max_gap_factor: int = 1):
         self.k_max, self.overlap, self.ema, self.explore_every = k_max, overlap, ema, explore_every
         self.merge_zero = merge_zero and overlap
         self.extra, self.k_min, self.tetris = extra, 0 if allow_zero else 1, tetris
         self.k = k_start if k_start is not None else max(1, k_max // 2)
         self.alpha = 0.7
-        self.window = window
+        self.window, self.min_measured, self.probe_steps = window, min_measured, probe_steps
+        self.max_gap_factor = max_gap_factor
+        self._bucket = self._best = None
+        self._gap, self._next_probe, self._probes_done = explore_every, explore_every, 0
         self.t_draft_tok: dict[int, float] = {}         # bucket -> seconds per drafted position (median)
         self.t_verify: dict[int, dict[int, float]] = {}  # bucket -> k -> seconds per verify step (median)
         self._samples: dict[tuple, deque] = {}           # ("d", bucket) / ("v", bucket, k) -> recent costs
         self._odd: dict[tuple, float] = {}               # a cost far from its median, held back
+        self.goodput: dict[int, dict[int, float]] = {}   # bucket -> k -> measured output tokens/s (median)
         self._probe_left = 0
         self.gain: dict[int, float] = {}                 # k -> measured tokens per row per step
         self.rows = 1
@@ -77,16 +87,26 @@ class AdaptiveK:
         return median(q)
 
     def observe(self, k: int, draft_s: float | None, verify_s: float, accepted: int, rejections: int,
-                rows: int = 1) -> None:
-        """One verdict: budget k per row, `rows` rows, `accepted` drafts kept in all, `rejections` rows that
-        hit a rejection before their last draft (per-token acceptance = accepted / (accepted + rejections),
-        the maximum-likelihood value for independent acceptances, unbiased by the draft count)."""
+                rows: int = 1, step_rows: int | None = None, tokens: int | None = None,
+                wall_s: float | None = None) -> None:
+        """One verdict: budget k per row, `rows` rows running (the load bucket), `step_rows` of them in this
+        step (default: all), `accepted` drafts kept in all, `rejections` rows that hit a rejection before their
+        last draft (per-token acceptance = accepted / (accepted + rejections), the maximum-likelihood value for
+        independent acceptances, unbiased by the draft count). With `tokens` (emitted by this step) and
+        `wall_s` (the time since the previous verdict) the step's measured goodput is kept too."""
         b = bucket(rows)
         self.rows = rows
         if k > 0 and draft_s is not None:
             self.t_draft_tok[b] = self._cost(("d", b), draft_s / (k + self.extra))
         self.t_verify.setdefault(b, {})[k] = self._cost(("v", b, k), verify_s)
-        self.gain[k] = self._mix(self.gain.get(k), 1 + accepted / max(rows, 1))
+        self.gain[k] = self._mix(self.gain.get(k), 1 + accepted / max(step_rows or rows, 1))
+        if tokens is not None and wall_s:
+            q = self._samples.setdefault(("g", b, k), deque(maxlen=self.window))
+            q.append((tokens, wall_s))
+            # tokens over time summed over the window (pipeline intervals alternate short and long, so a
+            # median of per-step ratios would be biased), without the slowest step (one stall)
+            kept = sorted(q, key=lambda x: x[1])[:-1] if len(q) >= 4 else list(q)
+            self.goodput.setdefault(b, {})[k] = sum(t for t, _ in kept) / sum(w for _, w in kept)
         if accepted + rejections:
             self.alpha = min(0.99, max(0.01, self._mix(self.alpha, accepted / (accepted + rejections))))
 
@@ -133,10 +153,15 @@ class AdaptiveK:
         return max(td, tv) if self.overlap else td + tv
 
     def rate(self, k: int, rows: int | None = None) -> float:
-        """Predicted output tokens per second at budget k, up to the rows-per-step factor common to every k
-        (the merged k = 0 step carries twice the rows of a pipeline step)."""
-        rows_factor = 2.0 if self.merge_zero and k == 0 else 1.0
-        return rows_factor * self.expected_tokens(k) / max(self.step_time(k, rows), 1e-9)
+        """Output tokens per second at budget k: measured (the median goodput of the recent steps at this load
+        and k, which includes what the model leaves out: hand-overs, merging, Python) once there are
+        `min_measured` of them, else predicted from the cost model (optimistic, so an untried k gets tried)."""
+        rows = self.rows if rows is None else rows
+        b = bucket(rows)
+        if len(self._samples.get(("g", b, k), ())) >= self.min_measured:
+            return self.goodput[b][k]
+        per_step = rows if (k == 0 and self.merge_zero) or not self.overlap else rows / 2
+        return per_step * self.expected_tokens(k) / max(self.step_time(k, rows), 1e-9)
 
     def choose(self, rows: int | None = None) -> int:
         """The budget for the next step of a batch of `rows` rows (default: the last observed)."""
@@ -147,14 +172,24 @@ class AdaptiveK:
             return self.k
         ks = range(self.k_min, self.k_max + 1)
         best = max(ks, key=self.rate)
+        b = bucket(self.rows)
+        if b != self._bucket or best != self._best:   # the load or the choice changed: explore at the base rate
+            if b != self._bucket:
+                self._probe_left = 0                    # a probe begun at another load measures nothing here
+            self._bucket, self._best, self._gap = b, best, self.explore_every
+            self._next_probe = min(self._next_probe, self.steps + self._gap)
         if self._probe_left:
             self._probe_left -= 1
             best = self.k
-        elif self.steps % self.explore_every == 0:
+        elif self.steps >= self._next_probe:
             probes = [p for p in dict.fromkeys((best - 1, best + 1, 0)) if p != best and self.k_min <= p <= self.k_max]
             if probes:
-                best = probes[(self.steps // self.explore_every) % len(probes)]
-                self._probe_left = 1
+                best = probes[self._probes_done % len(probes)]
+                self._probes_done += 1
+                self._probe_left = self.probe_steps - 1
+            # a probe costs steps at a worse budget: while the choice stands, probe half as often each time
+            self._gap = min(2 * self._gap, self.max_gap_factor * self.explore_every)
+            self._next_probe = self.steps + self._gap
         self.k = best
         self.history.append(best)
         return best

@@ -156,24 +156,34 @@ class Engine:
         cfg = self.config
         merge = cfg.mode == "minedraft"  # the workers merge the two batches at k = 0 (spec "merge_on_zero")
         ctl = self.adaptive = AdaptiveK(cfg.k, overlap=cfg.mode == "minedraft", extra=cfg.max_draft - cfg.k,
-                                        tetris=cfg.tetris, merge_zero=merge)
+                                        tetris=cfg.tetris, merge_zero=merge,
+                                        # goodput is measured from a probe's third step: probe 4, a bit rarer
+                                        probe_steps=4, explore_every=64, max_gap_factor=8)
         sched = self.scheduler
-        last = {"k": None}
+        last = {"k": None, "t1": None, "run": 0}
 
         def on_verdict(m: dict) -> None:
             res = m["results"]
             if not res:
                 return
+            prev_t1, last["t1"] = last["t1"], m["t1"]
             if m.get("prefill"):  # a step that also scored prompts says nothing about the cost of k
+                last["t1"], last["run"] = None, 0
                 return
             k = m.get("k", res[0][2])  # the step's per-row budget (Tetris rows carry different counts)
             running = max(len(res), len(sched.running))  # costs are kept by load (running rows), not step rows
             if merge and k == 0 and len(res) < running:
+                last["t1"], last["run"] = None, 0
                 return  # a half batch on its way to the merge: not what a k = 0 step costs
-            resumed, last["k"] = k > 0 and last["k"] == 0, k
+            resumed = k > 0 and last["k"] == 0
+            last["run"] = last["run"] + 1 if k == last["k"] and prev_t1 is not None else 0
+            last["k"] = k
             draft_s = None if resumed else m["draft_t1"] - m["draft_t0"]  # resumed: it also caught the drafter up
+            # goodput: this step's tokens over the time since the previous verdict, from the third step at k
+            wall = m["t1"] - prev_t1 if last["run"] >= 2 and m["t1"] > prev_t1 else None
             ctl.observe(k, draft_s, m["t1"] - m["t0"], sum(r[3] for r in res),
-                        sum(1 for r in res if r[3] < r[2]), rows=running)
+                        sum(1 for r in res if r[3] < r[2]), rows=running, step_rows=len(res),
+                        tokens=sum(len(r[1]) for r in res), wall_s=wall)
             new_k = ctl.choose(running)
             if new_k != k:
                 sched.set_k(new_k)

@@ -155,10 +155,11 @@ async def test_engine_drops_to_plain_decoding_and_comes_back(tiny_pair):
     slow = {"on": True}
     async with Engine(EngineConfig(adaptive_k=True, **kw)) as engine:
         ctl = engine.adaptive
-        ctl.explore_every = 16
+        ctl.explore_every, ctl.probe_steps = 16, 2
         real = ctl.observe
 
-        def observe(k, draft_s, verify_s, accepted, rejections, rows=1):
+        def observe(k, draft_s, verify_s, accepted, rejections, rows=1, **measured):
+            # measured goodput is left out: the real timings would override the synthetic costs
             # a drafter 100x slower than the verifier while `slow`, free afterwards
             # (a merged k = 0 step scores twice the rows of a pipeline step: nearly twice the cost)
             real(k, 100.0 * k if slow["on"] else 0.0, 1.9 if k == 0 else 1.0 + 0.1 * k, accepted, rejections,
@@ -224,3 +225,19 @@ def test_merged_plain_step_counts_twice_the_rows():
             ctl.observe(1, 0.001, 0.010, 4, 4, rows=16)   # acceptance 0.5: 1.5 tokens per row per step
             ctl.observe(2, 0.002, 0.010, 6, 6, rows=16)
         assert (ctl.choose(16) == 0) == expect_zero, ctl.history
+
+
+def test_measured_goodput_overrides_the_model():
+    """The cost model says drafting pays (cheap drafter, verify cost flat in k); the measured goodput of the
+    steps says plain decoding emits more tokens per second (overheads the model does not see). Once each
+    budget has a few measured steps, the measurement decides; before that, the model does."""
+    ctl = AdaptiveK(k_max=2, overlap=True, k_start=2, merge_zero=True)
+    for k in (0, 1, 2):
+        ctl.observe(k, 0.001 * k, 0.010, 6 * k, 2 if k else 0, rows=8, step_rows=4 if k else 8)
+    assert ctl.choose(8) == 2          # model: 4 rows x G(2) / 10 ms beats 8 rows x 1 / 10 ms
+    for _ in range(3):
+        for k, tokens_per_s in ((0, 900.0), (1, 500.0), (2, 600.0)):
+            ctl.observe(k, 0.001 * k, 0.010, 6 * k, 2 if k else 0, rows=8, step_rows=4 if k else 8,
+                        tokens=9, wall_s=9 / tokens_per_s)
+    assert ctl.rate(0, 8) == pytest.approx(900.0)
+    assert ctl.choose(8) == 0

@@ -54,6 +54,14 @@ def _pin(device: str, cores: list[int] | None):
         torch.cuda.set_device(torch.device(device))
 
 
+def _affinity_all_threads(cores) -> None:
+    """Move every thread of this process (torch's pool, ZeroMQ's I/O thread, the heartbeat) onto cores: affinity
+    is per thread, and a thread left pinned to the old core would wait there behind a busy neighbour."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread may have exited meanwhile
+            os.sched_setaffinity(int(tid), set(cores))
+
+
 def placement() -> dict:
     """Where this worker runs: its allowed cores and torch's intra-op thread count (for probes and tests)."""
     import torch
@@ -220,7 +228,7 @@ class DrafterProcess(_Worker):
         verifier thread on its one core (as in autoregressive mode, where both may run everywhere)."""
         share = self.spec.get("share_cores")
         if share and idle != getattr(self, "_shared", False):
-            os.sched_setaffinity(0, set(self.spec["cores"]) | (set(share) if idle else set()))
+            _affinity_all_threads(set(self.spec["cores"]) | (set(share) if idle else set()))
             self._shared = idle
 
     def _usage(self, batches, adds) -> dict:
@@ -398,8 +406,8 @@ class VerifierProcess(_Worker):
 
     def _widen(self, wide: bool) -> None:
         """While dynamic speculation drafts nothing the drafter's cores sit idle: verify on them too (as
-        autoregressive mode does), and give them back as soon as drafting resumes. New torch threads inherit
-        the widened affinity; when narrowed they are left unused."""
+        autoregressive mode does), and give them back as soon as drafting resumes. Every thread of the process
+        moves (ZeroMQ's I/O thread carries each message); torch's extra threads are left unused when narrowed."""
         if wide == getattr(self, "_wide", False):
             return
         import torch
@@ -407,11 +415,11 @@ class VerifierProcess(_Worker):
         from ..cores import threads_for
         cores = sorted(set(self.spec["cores"]) | set(self.spec["lend_cores"])) if wide else self.spec["cores"]
         if wide:
-            os.sched_setaffinity(0, set(cores))
+            _affinity_all_threads(cores)
             torch.set_num_threads(threads_for(cores))
         else:
             torch.set_num_threads(threads_for(cores))
-            os.sched_setaffinity(0, set(cores))
+            _affinity_all_threads(cores)
         self._wide = wide
 
     def attach(self, m: dict):
