@@ -157,6 +157,8 @@ class Engine:
         merge = cfg.mode == "minedraft"  # the workers merge the two batches at k = 0 (spec "merge_on_zero")
         ctl = self.adaptive = AdaptiveK(cfg.k, overlap=cfg.mode == "minedraft", extra=cfg.max_draft - cfg.k,
                                         tetris=cfg.tetris, merge_zero=merge,
+                                        # start as autoregressive mode runs; drafting has to prove itself
+                                        k_start=0 if merge else None,
                                         # goodput is measured from a probe's third step: probe 4, a bit rarer
                                         probe_steps=4, explore_every=64, max_gap_factor=8)
         sched = self.scheduler
