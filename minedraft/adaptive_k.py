@@ -42,14 +42,14 @@ class AdaptiveK:
     def __init__(self, k_max: int, overlap: bool, k_start: int | None = None, ema: float = 0.2,
                  explore_every: int = 48, extra: int = 0, allow_zero: bool = True, tetris: bool = False,
                  merge_zero: bool = False, window: int = 12, min_measured: int = 3, probe_steps: int = 2,
-                 max_gap_factor: int = 1):
+                 max_gap_factor: int = 1, prior_margin: float = 1.25):
         self.k_max, self.overlap, self.ema, self.explore_every = k_max, overlap, ema, explore_every
         self.merge_zero = merge_zero and overlap
         self.extra, self.k_min, self.tetris = extra, 0 if allow_zero else 1, tetris
         self.k = k_start if k_start is not None else max(1, k_max // 2)
         self.alpha = 0.7
         self.window, self.min_measured, self.probe_steps = window, min_measured, probe_steps
-        self.max_gap_factor = max_gap_factor
+        self.max_gap_factor, self.prior_margin = max_gap_factor, prior_margin
         self._bucket = self._best = None
         self._gap, self._next_probe, self._probes_done = explore_every, explore_every, 0
         self.t_draft_tok: dict[int, float] = {}         # bucket -> seconds per drafted position (median)
@@ -152,13 +152,16 @@ class AdaptiveK:
         td = (self.t_draft_tok.get(b) or self._nearest(self.t_draft_tok, b) or 0.0) * (k + self.extra)
         return max(td, tv) if self.overlap else td + tv
 
+    def _measured(self, b: int, k: int) -> bool:
+        return len(self._samples.get(("g", b, k), ())) >= self.min_measured
+
     def rate(self, k: int, rows: int | None = None) -> float:
         """Output tokens per second at budget k: measured (the median goodput of the recent steps at this load
         and k, which includes what the model leaves out: hand-overs, merging, Python) once there are
         `min_measured` of them, else predicted from the cost model (optimistic, so an untried k gets tried)."""
         rows = self.rows if rows is None else rows
         b = bucket(rows)
-        if len(self._samples.get(("g", b, k), ())) >= self.min_measured:
+        if self._measured(b, k):
             return self.goodput[b][k]
         per_step = rows if (k == 0 and self.merge_zero) or not self.overlap else rows / 2
         return per_step * self.expected_tokens(k) / max(self.step_time(k, rows), 1e-9)
@@ -173,6 +176,13 @@ class AdaptiveK:
         ks = range(self.k_min, self.k_max + 1)
         best = max(ks, key=self.rate)
         b = bucket(self.rows)
+        measured = [k for k in ks if self._measured(b, k)]
+        if measured and best not in measured:
+            # the model's prior alone moves the choice only for a clear gain: a wrong switch costs the
+            # transition and several slow steps, and the probes below measure every budget anyway
+            known = max(measured, key=self.rate)
+            if self.rate(best) < self.prior_margin * self.rate(known):
+                best = known
         if b != self._bucket or best != self._best:   # the load or the choice changed: explore at the base rate
             if b != self._bucket:
                 self._probe_left = 0                    # a probe begun at another load measures nothing here

@@ -241,3 +241,17 @@ def test_measured_goodput_overrides_the_model():
                         tokens=9, wall_s=9 / tokens_per_s)
     assert ctl.rate(0, 8) == pytest.approx(900.0)
     assert ctl.choose(8) == 0
+
+
+def test_the_prior_moves_away_from_a_measured_budget_only_for_a_clear_gain():
+    """k = 0 has measured goodput; k = 1, 2 only the model's prediction. A predicted gain of a few percent does not
+    trigger a switch (a wrong one costs a split, a merge and slow steps); a large one does."""
+    for gain, switch in ((1.1, False), (2.0, True)):
+        ctl = AdaptiveK(k_max=2, overlap=True, k_start=0, merge_zero=True)
+        for _ in range(4):
+            ctl.observe(0, None, 0.010, 0, 0, rows=8, step_rows=8, tokens=8, wall_s=0.010)
+        ctl.observe(1, 0.001, 0.010, 3, 1, rows=8, step_rows=4)       # no goodput: the model's prediction only
+        ctl.observe(2, 0.002, 0.010, 6, 2, rows=8, step_rows=4)
+        predicted = max(ctl.rate(1, 8), ctl.rate(2, 8))
+        ctl.goodput[bucket(8)][0] = predicted / gain                   # what k = 0 was measured at
+        assert (ctl.choose(8) > 0) == switch, (gain, ctl.history)
