@@ -7,7 +7,7 @@ drafting at all when k = 0), the verifier T_v(k). In the two-batch pipeline a st
 in sequential SD their sum. We pick the k with the best G(k) / step time.
 
 In minedraft mode with merging (`merge_zero`), k = 0 is not a pipeline step: the two half batches merge into
-one and the verifier borrows the drafter's cores (workers/process.py `_rebalance`), so a k = 0 step carries
+one and the verifier borrows the drafter's cores (workers/plain_steps.py), so a k = 0 step carries
 every running row while a k > 0 step carries half of them.
 
 The model is only the prior. Once a budget has run a few steps at the current load, its measured goodput
@@ -50,6 +50,7 @@ class AdaptiveK:
         self.alpha = 0.7
         self.window, self.min_measured, self.probe_steps = window, min_measured, probe_steps
         self.max_gap_factor, self.prior_margin = max_gap_factor, prior_margin
+        self.zero_first = k_start == 0   # started at plain decoding: also begin every new load there
         self._bucket = self._best = None
         self._gap, self._next_probe, self._probes_done = explore_every, explore_every, 0
         self.t_draft_tok: dict[int, float] = {}         # bucket -> seconds per drafted position (median)
@@ -177,7 +178,9 @@ class AdaptiveK:
         best = max(ks, key=self.rate)
         b = bucket(self.rows)
         measured = [k for k in ks if self._measured(b, k)]
-        if measured and best not in measured:
+        if self.zero_first and not measured:
+            best = self.k_min       # a new load: plain decoding until its goodput is known, then the prior may move
+        elif measured and best not in measured:
             # the model's prior alone moves the choice only for a clear gain: a wrong switch costs the
             # transition and several slow steps, and the probes below measure every budget anyway
             known = max(measured, key=self.rate)

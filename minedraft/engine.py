@@ -118,7 +118,7 @@ class Engine:
                   "tetris": bool(cfg.tetris and k), "extra": cfg.max_draft - k, "capacity": cfg.tetris_capacity,
                   "heartbeat_s": min(1.0, cfg.heartbeat_timeout_s / 4),
                   # dynamic speculation in minedraft mode: with k = 0 the two batches merge into one (workers/
-                  # process.py _rebalance) and the verifier borrows the idle drafter's cores (CPU, one rank)
+                  # plain_steps.py) and the verifier borrows the idle drafter's cores (CPU, one rank)
                   "merge_on_zero": bool(cfg.adaptive_k and k and cfg.mode == "minedraft")}
         lend = (common["merge_on_zero"] and not target_dev.startswith("cuda") and cfg.target_tp == 1
                 and not set(draft_cores) & set(target_cores))

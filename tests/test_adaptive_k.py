@@ -155,7 +155,7 @@ async def test_engine_drops_to_plain_decoding_and_comes_back(tiny_pair):
     slow = {"on": True}
     async with Engine(EngineConfig(adaptive_k=True, **kw)) as engine:
         ctl = engine.adaptive
-        ctl.explore_every, ctl.probe_steps = 16, 2
+        ctl.explore_every, ctl.probe_steps, ctl.zero_first = 16, 2, False   # the synthetic costs decide
         real = ctl.observe
 
         def observe(k, draft_s, verify_s, accepted, rejections, rows=1, **measured):

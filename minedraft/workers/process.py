@@ -23,6 +23,7 @@ import zmq
 
 from ..ipc.codec import pack, unpack
 from ..ipc.tensors import DraftSlots
+from .plain_steps import rebalance, share_cores, widen_verifier
 
 POLL_MS = 100
 
@@ -52,14 +53,6 @@ def _pin(device: str, cores: list[int] | None):
     torch.set_num_threads(threads_for(cores))
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-
-
-def _affinity_all_threads(cores) -> None:
-    """Move every thread of this process (torch's pool, ZeroMQ's I/O thread, the heartbeat) onto cores: affinity
-    is per thread, and a thread left pinned to the old core would wait there behind a busy neighbour."""
-    for tid in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):  # a thread may have exited meanwhile
-            os.sched_setaffinity(int(tid), set(cores))
 
 
 def placement() -> dict:
@@ -222,15 +215,6 @@ class DrafterProcess(_Worker):
             self.pub.send(pack({"t": "slots", "cuda_handles": handles}))
         self.report({"t": "ready", "who": "drafter"})
 
-    def _share(self, idle: bool) -> None:
-        """While nothing is drafted the verifier borrows this worker's cores (VerifierProcess._widen); this
-        worker then runs on the verifier's cores too, so the message hand-over is never queued behind a
-        verifier thread on its one core (as in autoregressive mode, where both may run everywhere)."""
-        share = self.spec.get("share_cores")
-        if share and idle != getattr(self, "_shared", False):
-            _affinity_all_threads(set(self.spec["cores"]) | (set(share) if idle else set()))
-            self._shared = idle
-
     def _usage(self, batches, adds) -> dict:
         cache = self.runner.cache if self.runner else None
         return {"seqs": len(batches[0]) + len(batches[1]), "waiting": len(adds),
@@ -262,7 +246,7 @@ class DrafterProcess(_Worker):
 
         def home(rb: int) -> int:
             """The batch an admitted request joins: the scheduler's choice, except that with no drafts (k = 0)
-            everything goes to batch 0 when merging is on (see _rebalance)."""
+            everything goes to batch 0 when merging is on (see plain_steps.rebalance)."""
             return 0 if merge and k == 0 else rb
 
         def draftable(b: int) -> bool:
@@ -287,7 +271,7 @@ class DrafterProcess(_Worker):
                     aborts.update(m["rids"])
                 elif m["t"] == "set_k":
                     k = max(0, min(self.k_max, int(m["k"]))) if self.k_max else 0
-                    self._share(k == 0)
+                    share_cores(self.spec, k == 0)
                 elif m["t"] == "probe":
                     self.report({"t": "probe", "who": "drafter", "id": m["id"], **self._usage(batches, adds),
                                  **placement()})
@@ -324,7 +308,7 @@ class DrafterProcess(_Worker):
                     removed[b].append(rid)
                     aborts.discard(rid)
             if merge:
-                _rebalance(k, batches, batch_of, removed, outstanding)
+                rebalance(k, batches, batch_of, removed, outstanding)
             b = turn
             if outstanding[b]:
                 continue
@@ -366,27 +350,6 @@ class DrafterProcess(_Worker):
                 turn = 1 - b
 
 
-def _rebalance(k: int, batches: dict, batch_of: dict, removed: dict, outstanding: dict) -> None:
-    """Dynamic speculation in minedraft mode. With no drafts (k = 0) two half batches buy nothing (there is no
-    drafting to overlap) and cost two weight passes instead of one, so batch 1's rows join batch 0 as soon as
-    batch 1 is back from the verifier: one full batch per verify step, as in autoregressive mode. With drafts
-    again, half of batch 0 moves back to batch 1 once neither is in flight. Rows keep their drafter and verifier
-    state (both are keyed by request, not by batch); only the drafter's bookkeeping moves."""
-    if k == 0:
-        if not outstanding[1] and (batches[1] or removed[1]):
-            for rid in batches[1]:
-                batch_of[rid] = 0
-            batches[0].extend(batches[1])
-            removed[0].extend(removed[1])
-            batches[1], removed[1] = [], []
-    elif not batches[1] and not outstanding[0] and not outstanding[1] and len(batches[0]) >= 2:
-        half = len(batches[0]) // 2
-        batches[1] = batches[0][half:]
-        del batches[0][half:]
-        for rid in batches[1]:
-            batch_of[rid] = 1
-
-
 class VerifierProcess(_Worker):
     def setup(self):
         from .requests import NewRequest
@@ -403,24 +366,6 @@ class VerifierProcess(_Worker):
         self.to_drafter.connect(a["verdict_drafter"])
         self.slots = None
         self.report({"t": "ready", "who": "verifier"})
-
-    def _widen(self, wide: bool) -> None:
-        """While dynamic speculation drafts nothing the drafter's cores sit idle: verify on them too (as
-        autoregressive mode does), and give them back as soon as drafting resumes. Every thread of the process
-        moves (ZeroMQ's I/O thread carries each message); torch's extra threads are left unused when narrowed."""
-        if wide == getattr(self, "_wide", False):
-            return
-        import torch
-
-        from ..cores import threads_for
-        cores = sorted(set(self.spec["cores"]) | set(self.spec["lend_cores"])) if wide else self.spec["cores"]
-        if wide:
-            _affinity_all_threads(cores)
-            torch.set_num_threads(threads_for(cores))
-        else:
-            torch.set_num_threads(threads_for(cores))
-            _affinity_all_threads(cores)
-        self._wide = wide
 
     def attach(self, m: dict):
         if m.get("cuda_handles"):
@@ -457,7 +402,7 @@ class VerifierProcess(_Worker):
                 continue
             self._fault("verify")
             if self.spec.get("lend_cores"):
-                self._widen(m.get("k", 0) == 0)
+                widen_verifier(self.spec, m.get("k", 0) == 0)
             t0 = time.monotonic()
             drafts, q = self.slots.read(m["desc"])
             prefill = bool(m["adds"])  # new requests: this step also scored their prompts
