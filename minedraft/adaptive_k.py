@@ -55,9 +55,9 @@ class AdaptiveK:
         self._gap, self._next_probe, self._probes_done = explore_every, explore_every, 0
         self.t_draft_tok: dict[int, float] = {}         # bucket -> seconds per drafted position (median)
         self.t_verify: dict[int, dict[int, float]] = {}  # bucket -> k -> seconds per verify step (median)
-        self._samples: dict[tuple, deque] = {}           # ("d", bucket) / ("v", bucket, k) -> recent costs
+        self._samples: dict[tuple, deque] = {}           # ("d", b) / ("v", b, k): recent costs; ("g", b, k): (tokens, s)
         self._odd: dict[tuple, float] = {}               # a cost far from its median, held back
-        self.goodput: dict[int, dict[int, float]] = {}   # bucket -> k -> measured output tokens/s (median)
+        self.goodput: dict[int, dict[int, float]] = {}   # bucket -> k -> measured output tokens/s
         self._probe_left = 0
         self.gain: dict[int, float] = {}                 # k -> measured tokens per row per step
         self.rows = 1
@@ -157,8 +157,8 @@ class AdaptiveK:
         return len(self._samples.get(("g", b, k), ())) >= self.min_measured
 
     def rate(self, k: int, rows: int | None = None) -> float:
-        """Output tokens per second at budget k: measured (the median goodput of the recent steps at this load
-        and k, which includes what the model leaves out: hand-overs, merging, Python) once there are
+        """Output tokens per second at budget k: measured (the goodput of the recent steps at this load and k,
+        which includes what the model leaves out: hand-overs, merging, Python) once there are
         `min_measured` of them, else predicted from the cost model (optimistic, so an untried k gets tried)."""
         rows = self.rows if rows is None else rows
         b = bucket(rows)
@@ -174,17 +174,17 @@ class AdaptiveK:
             self.rows = rows
         if not self.t_verify:
             return self.k
-        ks = range(self.k_min, self.k_max + 1)
-        best = max(ks, key=self.rate)
+        rates = {k: self.rate(k) for k in range(self.k_min, self.k_max + 1)}
+        best = max(rates, key=rates.get)
         b = bucket(self.rows)
-        measured = [k for k in ks if self._measured(b, k)]
+        measured = [k for k in rates if self._measured(b, k)]
         if self.zero_first and not measured:
             best = self.k_min       # a new load: plain decoding until its goodput is known, then the prior may move
         elif measured and best not in measured:
             # the model's prior alone moves the choice only for a clear gain: a wrong switch costs the
             # transition and several slow steps, and the probes below measure every budget anyway
-            known = max(measured, key=self.rate)
-            if self.rate(best) < self.prior_margin * self.rate(known):
+            known = max(measured, key=rates.get)
+            if rates[best] < self.prior_margin * rates[known]:
                 best = known
         if b != self._bucket or best != self._best:   # the load or the choice changed: explore at the base rate
             if b != self._bucket:
