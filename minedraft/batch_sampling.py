@@ -134,7 +134,7 @@ def verify_batch(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tenso
     # without top-k/top-p the processed p is softmax(logits / t): p(draft) needs only a logsumexp per
     # position and a full distribution at one position per row, not p over all [B, K+1, V]
     p = process_batch(logits, rp) if full else None
-    x = None if full else logits.float() / rp.temperature[:, None, None]
+    x = None if full or not rp.any_plain else logits.float() / rp.temperature[:, None, None]  # greedy: unused
     choice = logits.argmax(-1) if rp.any_greedy else torch.zeros(B, T, dtype=torch.long, device=dev)
     if rp.any_coupled:
         choice[rp.coupled] = _coupled_choice(p, rp, pos)

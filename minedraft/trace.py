@@ -22,12 +22,15 @@ def segments(events: list[TraceEvent]) -> list[tuple[str, str, int, float, float
     drafts = sorted((e for e in events if e.lane == "drafter"), key=lambda e: e.t0)
     verifies = sorted((e for e in events if e.lane == "verifier"), key=lambda e: e.t0)
     out = [(e.lane, e.name, e.batch, e.t0 - t_base, e.t1 - t_base) for e in events]
-    by_step = {v.step: v for v in verifies}
+    by_step: dict = {}   # a leased batch (plain decoding) runs several verify steps on one drafts message
+    for v in verifies:
+        by_step.setdefault(v.step, v)
+    last = {(v.batch, v.step): v for v in verifies}  # sorted: the step's last verify hands the batch back
     for d in drafts:
         v = by_step.get(d.step)
         if v and v.t0 > d.t1:
             out.append(("drafter", "broadcast", d.batch, d.t1 - t_base, v.t0 - t_base))
-    for v in verifies:
+    for v in last.values():
         nxt = next((d for d in drafts if d.batch == v.batch and d.t0 >= v.t1), None)
         if nxt:
             out.append(("verifier", "return", v.batch, v.t1 - t_base, nxt.t0 - t_base))

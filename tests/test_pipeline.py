@@ -55,7 +55,7 @@ async def _drained(engine, timeout=3.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         usage = await engine.kv_usage()
-        if usage["drafter"]["cache_seqs"] == 0 and usage["verifier"]["cache_seqs"] == 0:
+        if all(usage[w]["cache_seqs"] == usage[w]["seqs"] == 0 for w in ("drafter", "verifier")):
             return usage
         if time.monotonic() > deadline:
             return usage
@@ -106,6 +106,33 @@ async def test_two_batches_overlap_in_minedraft_mode(tiny_pair):
     assert overlapped >= len(verifies) // 2
 
 
+async def test_plain_decoding_runs_on_a_lease(tiny_pair, reference):
+    """Autoregressive mode: the verifier steps a batch on without a drafts message per step (a lease), yet a request
+    that arrives meanwhile starts within a couple of steps and every output stays the target's."""
+    prompts = _prompts(9, seed=21)
+    async with Engine(_cfg(tiny_pair, mode="autoregressive"), trace=True) as engine:
+        first = [asyncio.ensure_future(engine.generate(p, _greedy(60))) for p in prompts[:8]]
+        by_name = engine.scheduler.by_name
+        while not by_name or min(s.stats.output_tokens for s in by_name.values()) < 8:
+            await asyncio.sleep(0.002)
+        steps_at_submit = engine.stats()["steps"]
+        stream = engine.stream(prompts[8], _greedy(20))
+        delta = await stream.__anext__()
+        steps_to_first = engine.stats()["steps"] - steps_at_submit
+        late = delta.token_ids + [t async for d in stream for t in d.token_ids]
+        done = await asyncio.gather(*first)
+        trace = list(engine.scheduler.stats.trace)
+        usage = await _drained(engine)
+    drafts = [e for e in trace if e.lane == "drafter"]
+    verifies = [e for e in trace if e.lane == "verifier"]
+    assert len(verifies) >= 60 and len(drafts) <= len(verifies) // 4
+    # the lease ends at a step boundary, then the new prompt is scored: a few steps (verdicts already on their way
+    # to the scheduler count too), not the ~50 the leased rows still had to go
+    assert steps_to_first <= 8
+    assert [r.token_ids for r in done] + [late] == reference(prompts, [60] * 8 + [20])
+    assert usage["verifier"]["cache_seqs"] == 0
+
+
 async def test_sampling_with_seed_is_reproducible(tiny_pair):
     prompts = _prompts(12, seed=5)
     params = [SamplingParams(temperature=1.0, top_k=50, top_p=0.95, max_tokens=16, seed=100 + i, ignore_eos=True)
@@ -136,9 +163,10 @@ async def test_stream_concatenation_equals_generate(tiny_pair):
             assert deltas[-1].stats.output_tokens == 30
 
 
-async def test_cancel_half_midflight(tiny_pair, reference):
+@pytest.mark.parametrize("mode", ["minedraft", "autoregressive"])  # autoregressive: aborts end a lease
+async def test_cancel_half_midflight(tiny_pair, reference, mode):
     prompts = _prompts(16, seed=3)
-    async with Engine(_cfg(tiny_pair)) as engine:
+    async with Engine(_cfg(tiny_pair, mode=mode)) as engine:
         tasks = [asyncio.ensure_future(engine.generate(p, _greedy(60), request_id=f"r{i}"))
                  for i, p in enumerate(prompts)]
         streams_seen = 0
@@ -187,8 +215,9 @@ async def test_kv_budget_makes_requests_wait(tiny_pair, reference):
     assert [r.token_ids for r in results] == reference(prompts, [40] * 6)
 
 
-async def test_shutdown_leaves_no_processes_or_shared_memory(tiny_pair):
-    engine = await Engine.start(_cfg(tiny_pair))
+@pytest.mark.parametrize("mode", ["minedraft", "autoregressive"])  # autoregressive: the stop ends a lease
+async def test_shutdown_leaves_no_processes_or_shared_memory(tiny_pair, mode):
+    engine = await Engine.start(_cfg(tiny_pair, mode=mode))
     await engine.generate("the class", _greedy(4))
     pids = [p.pid for p in engine.procs]
     names = [s.name for s in engine._shm]

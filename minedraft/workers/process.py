@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 
 import zmq
 
@@ -235,6 +236,8 @@ class DrafterProcess(_Worker):
         aborts: set[int] = set()
         removed: dict[int, list[int]] = {0: [], 1: []}  # to tell the verifier with batch b's next drafts
         outstanding = {0: False, 1: False}
+        leased = {0: False, 1: False}     # with the verifier on a lease (see lease_ok); "yield" asks it back
+        yielded = {0: False, 1: False}
         batch_of: dict[int, int] = {}
         k = self.k_max
         step = 0
@@ -256,6 +259,13 @@ class DrafterProcess(_Worker):
                 return True
             need = [r.cache_tokens(self.max_draft) for r, rb in adds if home(rb) == b]
             return bool(need) and (not self.drafter or self.runner.cache.can_allocate(need[0]))
+
+        def lease_ok(b: int) -> bool:
+            """Plain decoding of one batch with nothing pending here: the verifier may go on stepping batch b
+            without a drafts message per step (it drops the hand-over from every step, as a single-process
+            loop would), until this loop has something for it and sends "yield"."""
+            return (k == 0 and not self.spec.get("no_lease") and not adds and not aborts
+                    and not batches[1 - b] and not removed[1 - b] and not outstanding[1 - b])
 
         while True:
             if not draftable(turn) and draftable(1 - turn):
@@ -281,7 +291,7 @@ class DrafterProcess(_Worker):
                     return
             for m in (_drain(self.verdicts) if self.verdicts in events else ()):
                 b = m["batch"]
-                outstanding[b] = False
+                outstanding[b] = leased[b] = yielded[b] = False  # a lease's steps come back in one verdict
                 for r in m["results"]:
                     rid, new, _, n_acc, reason = r
                     if reason:
@@ -307,6 +317,10 @@ class DrafterProcess(_Worker):
                         self.drafter.remove(rid)
                     removed[b].append(rid)
                     aborts.discard(rid)
+            for lb in (0, 1):
+                if leased[lb] and not yielded[lb] and not lease_ok(lb):
+                    self.pub.send(pack({"t": "yield", "batch": lb}))
+                    yielded[lb] = True
             if merge:
                 rebalance(k, batches, batch_of, removed, outstanding)
             b = turn
@@ -341,8 +355,10 @@ class DrafterProcess(_Worker):
                 drafts, q = [[] for _ in rids], None
             desc = self.slots.write(b, drafts, q)
             t1 = time.monotonic()
+            leased[b] = lease_ok(b)
             self.pub.send(pack({"t": "drafts", "batch": b, "step": step, "rids": list(rids), "adds": new_reqs,
-                                "removes": removed[b], "desc": desc, "t0": t0, "t1": t1, "k": k}))
+                                "removes": removed[b], "desc": desc, "t0": t0, "t1": t1, "k": k,
+                                "lease": leased[b]}))
             removed[b] = []
             outstanding[b] = True
             step += 1
@@ -374,24 +390,25 @@ class VerifierProcess(_Worker):
             self.slots = DraftSlots.attach_shm(self.spec["shm"])
 
     def loop(self):
+        self.inbox: deque = deque()  # messages read while a lease ran, handled before the socket's next ones
+        self.held: list = []         # results of a lease's steps, for the drafter at the lease's end
         while True:
-            ready = self.sub.poll(POLL_MS)
+            m = self._next()
             self.tick()
-            if not ready:
+            if m is None:
                 if not self.parent_alive():
                     return
                 continue
-            m = unpack(self.sub.recv())
             if m["t"] == "slots":
                 self.attach(m)
                 continue
             if m["t"] == "stop":
                 return
             if m["t"] == "probe":
-                c = self.runner.cache
-                self.report({"t": "probe", "who": "verifier", "id": m["id"], "seqs": len(self.verifier.seqs),
-                             "cache_seqs": c.num_seqs, "used_blocks": c.used_blocks, **placement()})
+                self._probe(m)
                 continue
+            if m["t"] != "drafts":
+                continue  # a "yield" that came after its lease had already ended
             if self.slots is None:
                 self.attach({})
             for rid in m["removes"]:
@@ -400,19 +417,60 @@ class VerifierProcess(_Worker):
                 self.verifier.add(self.NewRequest.from_msg(r))
             if not m["rids"]:
                 continue
-            self._fault("verify")
             if self.spec.get("lend_cores"):
                 widen_verifier(self.spec, m.get("k", 0) == 0)
-            t0 = time.monotonic()
             drafts, q = self.slots.read(m["desc"])
-            prefill = bool(m["adds"])  # new requests: this step also scored their prompts
-            results = self.verifier.verify(m["rids"], drafts, q)
-            t1 = time.monotonic()
-            out = pack({"t": "verdict", "batch": m["batch"], "step": m["step"],
-                        "results": [r.to_msg() for r in results], "t0": t0, "t1": t1, "prefill": prefill,
-                        "draft_t0": m["t0"], "draft_t1": m["t1"], "k": m.get("k", 0)})
-            self.to_drafter.send(out)
-            self.status.send(out)
+            rids = self._step(m, m["rids"], drafts, q, m["t0"], m["t1"], bool(m["adds"]))
+            # A lease (plain decoding, one batch, nothing pending at the drafter): keep stepping this batch
+            # without waiting for its next drafts message, until the drafter says anything at all.
+            while rids:
+                self.tick()
+                t = time.monotonic()
+                rids = self._step(m, rids, [[] for _ in rids], None, t, t, False)
+
+    def _next(self) -> dict | None:
+        if self.inbox:
+            return self.inbox.popleft()
+        return unpack(self.sub.recv()) if self.sub.poll(POLL_MS) else None
+
+    def _probe(self, m: dict) -> None:
+        c = self.runner.cache
+        self.report({"t": "probe", "who": "verifier", "id": m["id"], "seqs": len(self.verifier.seqs),
+                     "cache_seqs": c.num_seqs, "used_blocks": c.used_blocks, **placement()})
+
+    def _lease_holds(self) -> bool:
+        """Whether a leased batch may take another step: nothing new from the drafter (probes are answered on
+        the spot and do not end it; anything else is kept for the main loop) and the parent is alive."""
+        if not self.sub.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # the common case, without _drain's zmq.Again
+            return not self.inbox and self.parent_alive()
+        for m in _drain(self.sub):
+            if m["t"] == "probe":
+                self._probe(m)
+            else:
+                self.inbox.append(m)
+        return not self.inbox and self.parent_alive()
+
+    def _step(self, m: dict, rids: list[int], drafts, q, draft_t0: float, draft_t1: float, prefill: bool
+              ) -> list[int]:
+        """Verify one step of m's batch and send the verdict; returns the rows for the lease's next step, or []
+        when the batch goes back to the drafter (the verdict says so: "more" False)."""
+        self._fault("verify")
+        t0 = time.monotonic()
+        results = self.verifier.verify(rids, drafts, q)
+        t1 = time.monotonic()
+        left = [r.rid for r in results if r.finish_reason is None] if m.get("lease") else []
+        more = bool(left) and self._lease_holds()
+        verdict = {"t": "verdict", "batch": m["batch"], "step": m["step"], "results": [r.to_msg() for r in results],
+                   "t0": t0, "t1": t1, "prefill": prefill, "draft_t0": draft_t0, "draft_t1": draft_t1,
+                   "k": m.get("k", 0), "more": more}
+        self.status.send(pack(verdict))
+        # The drafter gets a lease's verdicts in one message at its end: it needs them only then, and a wake-up
+        # per step would take CPU from this process (they share cores in plain decoding)
+        self.held.append(verdict["results"])
+        if not more:
+            self.to_drafter.send(pack({**verdict, "results": [r for res in self.held for r in res]}))
+            self.held = []
+        return left if more else []
 
 
 def drafter_main(spec: dict) -> None:
