@@ -178,8 +178,11 @@ class AdaptiveK:
         best = max(rates, key=rates.get)
         b = bucket(self.rows)
         measured = [k for k in rates if self._measured(b, k)]
-        if self.zero_first and not measured:
-            best = self.k_min       # a new load: plain decoding until its goodput is known, then the prior may move
+        # a new load: plain decoding until its own goodput is known (even when a probe already measured another
+        # budget here: without it a drafting budget stands on the model's word and k = 0 is never measured)
+        zero_unknown = self.zero_first and not self._measured(b, self.k_min)
+        if zero_unknown:
+            best = self.k_min
         elif measured and best not in measured:
             # the model's prior alone moves the choice only for a clear gain: a wrong switch costs the
             # transition and several slow steps, and the probes below measure every budget anyway
@@ -194,7 +197,7 @@ class AdaptiveK:
         if self._probe_left:
             self._probe_left -= 1
             best = self.k
-        elif self.steps >= self._next_probe:
+        elif self.steps >= self._next_probe and not zero_unknown:  # a probe due from the last load waits
             probes = [p for p in dict.fromkeys((best - 1, best + 1, 0)) if p != best and self.k_min <= p <= self.k_max]
             if probes:
                 best = probes[self._probes_done % len(probes)]

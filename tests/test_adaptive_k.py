@@ -255,3 +255,24 @@ def test_the_prior_moves_away_from_a_measured_budget_only_for_a_clear_gain():
         predicted = max(ctl.rate(1, 8), ctl.rate(2, 8))
         ctl.goodput[bucket(8)][0] = predicted / gain                   # what k = 0 was measured at
         assert (ctl.choose(8) > 0) == switch, (gain, ctl.history)
+
+
+def test_a_new_load_measures_plain_decoding_before_any_probe():
+    """Started at plain decoding, the controller begins every new load there until that load's own k = 0 goodput
+    is measured. A probe that fell due during the previous load waits for it: run first, the probe would leave
+    a drafting budget standing on the model's word, with k = 0 never measured at this load (seen in the engine:
+    a warm-up of ~64 steps, then a batch of 16 spent 69 steps at k = 1, 0.8x plain decoding)."""
+    ctl = AdaptiveK(k_max=3, overlap=True, k_start=0, merge_zero=True, probe_steps=4, explore_every=64)
+    while not ctl.steps < ctl._next_probe <= ctl.steps + 2:   # a small load, until a probe is about due
+        k = ctl.k
+        ctl.observe(k, 0.001 * k if k else None, 0.010, k, 1 if k else 0, rows=2, step_rows=2 if k == 0 else 1,
+                    tokens=2, wall_s=0.010)
+        ctl.choose(2)
+    chosen = []
+    for _ in range(2):                                    # the new load: plain steps, not yet enough to measure
+        ctl.observe(0, None, 0.020, 0, 0, rows=16, step_rows=16, tokens=16, wall_s=0.020)
+        chosen.append(ctl.choose(16))
+    assert chosen == [0, 0]
+    ctl.observe(0, None, 0.020, 0, 0, rows=16, step_rows=16, tokens=16, wall_s=0.020)
+    assert ctl.rate(0, 16) == pytest.approx(800.0)        # measured at this load now (min_measured = 3)
+    assert ctl.choose(16) > 0                             # and the overdue probe (or the prior) may move it
