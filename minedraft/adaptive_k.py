@@ -24,7 +24,8 @@ another load, a drafter that got cheaper). Every `explore_every` steps (the gap 
 cycling through k - 1, k + 1 and 0, so the estimates stay fresh, plain decoding is re-measured even from a
 large k, and it can come back from 0 (the caller drops the draft time of the first step after plain decoding:
 it also caught the drafter up, and measures goodput only from the third step at one budget: the first ones
-after a switch pay for the merge or split and for waking the borrowed cores' threads).
+after a switch pay for the merge or split and for waking the borrowed cores' threads). Started at k = 0
+(`k_start=0`), it begins every new load at k = 0 and runs no probe there until k = 0's goodput is measured.
 """
 
 from __future__ import annotations
