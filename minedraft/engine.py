@@ -27,7 +27,8 @@ from .ipc.tensors import create_shm, destroy_shm, slot_nbytes
 from .outputs import GenerationResult, StreamDelta
 from .sampling_params import SamplingParams
 from .step_stats import StepStats
-from .workers.process import drafter_main, verifier_main
+from .workers.drafter_process import drafter_main
+from .workers.verifier_process import verifier_main
 
 WATCH_S = 0.1
 STOP_GRACE_S = 5.0   # how long a stopped worker may take to exit before it is killed

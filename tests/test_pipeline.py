@@ -127,8 +127,9 @@ async def test_plain_decoding_runs_on_a_lease(tiny_pair, reference):
     verifies = [e for e in trace if e.lane == "verifier"]
     assert len(verifies) >= 60 and len(drafts) <= len(verifies) // 4
     # the lease ends at a step boundary, then the new prompt is scored: a few steps (verdicts already on their way
-    # to the scheduler count too), not the ~50 the leased rows still had to go
-    assert steps_to_first <= 8
+    # to the scheduler count too, and a tiny-model step is ~2 ms, so a loaded host's wake-up delays add some), not
+    # the >= 50 the leased rows still had to go
+    assert steps_to_first <= 20
     assert [r.token_ids for r in done] + [late] == reference(prompts, [60] * 8 + [20])
     assert usage["verifier"]["cache_seqs"] == 0
 

@@ -3,8 +3,8 @@
 Two half batches with nothing to overlap cost two weight passes where one full batch costs one, and the drafter's
 cores would sit idle. So at k = 0 the drafter merges its two batches into one and the verifier borrows the
 drafter's cores, which is how autoregressive mode runs; with drafts again the batch splits and the cores go back.
-The drafter and verifier loops (workers/process.py) call these three functions; the controller that picks k is
-minedraft/adaptive_k.py.
+The drafter and verifier loops (workers/drafter_process.py, verifier_process.py) call these three functions;
+the controller that picks k is minedraft/adaptive_k.py.
 """
 
 from __future__ import annotations

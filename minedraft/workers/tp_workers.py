@@ -23,7 +23,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .process import DrafterProcess, VerifierProcess, _Worker
+from .drafter_process import DrafterProcess
+from .process import _Worker
+from .verifier_process import VerifierProcess
 from .tensor_parallel import Shard, load_sharded
 
 ALLOC, FREE, TRUNC, FORWARD, STOP = 1, 2, 3, 4, 5
