@@ -39,7 +39,7 @@ class VerifierProcess(_Worker):
 
     def loop(self):
         self.inbox: deque = deque()  # messages read while a lease ran, handled before the socket's next ones
-        self.held: list = []         # results of a lease's steps, for the drafter at the lease's end
+        self.held: list = []         # result rows of a lease's earlier steps, for the drafter at its end
         while True:
             m = self._next()
             self.tick()
@@ -111,14 +111,18 @@ class VerifierProcess(_Worker):
         verdict = {"t": "verdict", "batch": m["batch"], "step": m["step"], "results": [r.to_msg() for r in results],
                    "t0": t0, "t1": t1, "prefill": prefill, "draft_t0": draft_t0, "draft_t1": draft_t1,
                    "k": m.get("k", 0), "more": more}
-        self.status.send(pack(verdict))
+        out = pack(verdict)
+        self.status.send(out)
         # The drafter gets a lease's verdicts in one message at its end: it needs them only then, and a wake-up
         # per step would take CPU from this process (they share cores in plain decoding)
-        self.held.append(verdict["results"])
-        if not more:
-            self.to_drafter.send(pack({**verdict, "results": [r for res in self.held for r in res]}))
+        if more:
+            self.held += verdict["results"]
+            return left
+        if self.held:  # the end of a lease: its earlier steps' results first (a step outside a lease reuses out)
+            out = pack({**verdict, "results": self.held + verdict["results"]})
             self.held = []
-        return left if more else []
+        self.to_drafter.send(out)
+        return []
 
 
 def verifier_main(spec: dict) -> None:
