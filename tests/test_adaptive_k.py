@@ -40,8 +40,10 @@ def test_converges_to_best_k(overlap, alpha, td_tok, tv0, tv_tok):
     ctl = _simulate(overlap, alpha, td_tok, tv0, tv_tok)
     best, goodput = _best(overlap, alpha, td_tok, tv0, tv_tok)
     chosen = Counter(ctl.history[-200:]).most_common(1)[0][0]
-    # the choice is the optimum, or within 2% of its throughput (flat optima)
-    assert chosen == best or goodput(chosen) >= 0.98 * goodput(best), (chosen, best)
+    # the choice is the optimum, or within 2% of its throughput (flat optima), or plain decoding where drafting
+    # gains less than the controller's zero margin (10%, here up to 15% for the estimates' noise)
+    assert chosen == best or goodput(chosen) >= 0.98 * goodput(best) or (
+        chosen == 0 and goodput(best) < 1.15 * goodput(0)), (chosen, best)
     assert abs(ctl.alpha - alpha) < 0.08
 
 
@@ -276,3 +278,17 @@ def test_a_new_load_measures_plain_decoding_before_any_probe():
     ctl.observe(0, None, 0.020, 0, 0, rows=16, step_rows=16, tokens=16, wall_s=0.020)
     assert ctl.rate(0, 16) == pytest.approx(800.0)        # measured at this load now (min_measured = 3)
     assert ctl.choose(16) > 0                             # and the overdue probe (or the prior) may move it
+
+
+@pytest.mark.parametrize("gain,drafts", [(1.05, False), (1.2, True)])
+def test_drafting_must_beat_plain_decoding_by_the_zero_margin(gain, drafts):
+    """Measured goodput at k = 1 a few percent above plain decoding is a tie: speculation's tail (rows that
+    started together finish apart) and the switches cost more than that, so the controller stays at k = 0; a
+    clear gain moves it."""
+    ctl = AdaptiveK(k_max=2, overlap=True, k_start=0, merge_zero=True, explore_every=10_000)
+    for _ in range(4):
+        ctl.observe(0, None, 0.010, 0, 0, rows=8, step_rows=8, tokens=8, wall_s=0.010)
+        ctl.observe(1, 0.001, 0.010, 2, 2, rows=8, step_rows=4, tokens=8, wall_s=0.010 / gain)
+        ctl.observe(2, 0.002, 0.010, 2, 4, rows=8, step_rows=4, tokens=6, wall_s=0.010)
+    assert ctl.rate(1, 8) == pytest.approx(gain * ctl.rate(0, 8))
+    assert (ctl.choose(8) == 1) == drafts, ctl.history
