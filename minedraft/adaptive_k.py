@@ -19,8 +19,9 @@ Costs depend on how many requests are running, so draft and verify times are kep
 measurements, borrowing from the nearest measured bucket until it has its own. A cost is the median of its
 last `window` measurements, so a one-off stall (a busy host) does not move it; a measurement more than 2x
 away from that median is held back, and only a second one in a row replaces the window (the regime changed:
-another load, a drafter that got cheaper). Every `explore_every` steps (the gap doubles after each probe, up to
-`max_gap_factor` times, while the choice and the load stand) it tries another budget for `probe_steps` steps,
+another load, a drafter that got cheaper). Every `explore_every` steps of a load (each load keeps its own
+schedule across bursts; the gap doubles after each probe, up to `max_gap_factor` times, while that load's choice
+stands) it tries another budget for `probe_steps` steps,
 cycling through k - 1, k + 1 and 0, so the estimates stay fresh, plain decoding is re-measured even from a
 large k, and it can come back from 0 (the caller drops the draft time of the first step after plain decoding:
 it also caught the drafter up, and measures goodput only from the third step at one budget: the first ones
@@ -58,8 +59,9 @@ class AdaptiveK:
         self.window, self.min_measured, self.probe_steps = window, min_measured, probe_steps
         self.max_gap_factor, self.prior_margin, self.zero_margin = max_gap_factor, prior_margin, zero_margin
         self.zero_first = k_start == 0   # started at plain decoding: also begin every new load there
-        self._bucket = self._best = None
-        self._gap, self._next_probe, self._probes_done = explore_every, explore_every, 0
+        self._bucket = None
+        self._probes_done = 0
+        self._sched: dict[int, dict] = {}                # bucket -> its probe schedule (see choose)
         self.t_draft_tok: dict[int, float] = {}         # bucket -> seconds per drafted position (median)
         self.t_verify: dict[int, dict[int, float]] = {}  # bucket -> k -> seconds per verify step (median)
         self._samples: dict[tuple, deque] = {}           # ("d", b) / ("v", b, k): recent costs; ("g", b, k): (tokens, s)
@@ -198,23 +200,28 @@ class AdaptiveK:
                 best = known
         if best != self.k_min == 0 and rates[best] < self.zero_margin * rates[0]:
             best = 0  # drafting has to beat plain decoding clearly: costs a step's goodput does not show
-        if b != self._bucket or best != self._best:   # the load or the choice changed: explore at the base rate
-            if b != self._bucket:
-                self._probe_left = 0                    # a probe begun at another load measures nothing here
-            self._bucket, self._best, self._gap = b, best, self.explore_every
-            self._next_probe = min(self._next_probe, self.steps + self._gap)
+        # Each load keeps its own probe schedule, counted in its own steps: load that comes in bursts (a batch,
+        # its tail, the next batch) would otherwise restart probing at the base rate with every burst.
+        st = self._sched.setdefault(b, {"steps": 0, "next": self.explore_every, "gap": self.explore_every,
+                                        "best": None})
+        st["steps"] += 1
+        if best != st["best"]:   # the choice at this load changed: explore at the base rate
+            st["best"], st["gap"] = best, self.explore_every
+            st["next"] = min(st["next"], st["steps"] + st["gap"])
+        if b != self._bucket:
+            self._bucket, self._probe_left = b, 0       # a probe begun at another load measures nothing here
         if self._probe_left:
             self._probe_left -= 1
             best = self.k
-        elif self.steps >= self._next_probe and not zero_unknown:  # a probe due from the last load waits
+        elif st["steps"] >= st["next"] and not zero_unknown:
             probes = [p for p in dict.fromkeys((best - 1, best + 1, 0)) if p != best and self.k_min <= p <= self.k_max]
             if probes:
                 best = probes[self._probes_done % len(probes)]
                 self._probes_done += 1
                 self._probe_left = self.probe_steps - 1
             # a probe costs steps at a worse budget: while the choice stands, probe half as often each time
-            self._gap = min(2 * self._gap, self.max_gap_factor * self.explore_every)
-            self._next_probe = self.steps + self._gap
+            st["gap"] = min(2 * st["gap"], self.max_gap_factor * self.explore_every)
+            st["next"] = st["steps"] + st["gap"]
         self.k = best
         self.history.append(best)
         return best

@@ -259,25 +259,51 @@ def test_the_prior_moves_away_from_a_measured_budget_only_for_a_clear_gain():
         assert (ctl.choose(8) > 0) == switch, (gain, ctl.history)
 
 
+def _feed(ctl, rows, steps, goodput_zero=1.0):
+    """Verdicts at `rows` running rows for `steps` steps: plain steps at 1 ms per row (times goodput_zero's
+    inverse), drafting steps that accept nothing (half the rows per step)."""
+    for _ in range(steps):
+        k = ctl.k
+        n = rows if k == 0 else max(1, rows // 2)
+        wall = 0.001 * rows / goodput_zero if k == 0 else 0.001 * rows
+        ctl.observe(k, 0.0001 * k if k else None, wall, 0, n if k else 0, rows=rows, step_rows=n, tokens=n,
+                    wall_s=wall)
+        ctl.choose(rows)
+
+
 def test_a_new_load_measures_plain_decoding_before_any_probe():
     """Started at plain decoding, the controller begins every new load there until that load's own k = 0 goodput
-    is measured. A probe that fell due during the previous load waits for it: run first, the probe would leave
-    a drafting budget standing on the model's word, with k = 0 never measured at this load (seen in the engine:
-    a warm-up of ~64 steps, then a batch of 16 spent 69 steps at k = 1, 0.8x plain decoding)."""
+    is measured, and probes it only on that load's own schedule: a probe that fell due during another load does
+    not run first (seen in the engine: a warm-up of ~64 steps, then a batch of 16 spent 69 steps at k = 1, 0.8x
+    plain decoding)."""
     ctl = AdaptiveK(k_max=3, overlap=True, k_start=0, merge_zero=True, probe_steps=4, explore_every=64)
-    while not ctl.steps < ctl._next_probe <= ctl.steps + 2:   # a small load, until a probe is about due
-        k = ctl.k
-        ctl.observe(k, 0.001 * k if k else None, 0.010, k, 1 if k else 0, rows=2, step_rows=2 if k == 0 else 1,
-                    tokens=2, wall_s=0.010)
-        ctl.choose(2)
+    _feed(ctl, 2, 63)                                     # a small load, until its probe is due
     chosen = []
     for _ in range(2):                                    # the new load: plain steps, not yet enough to measure
-        ctl.observe(0, None, 0.020, 0, 0, rows=16, step_rows=16, tokens=16, wall_s=0.020)
-        chosen.append(ctl.choose(16))
+        _feed(ctl, 16, 1)
+        chosen.append(ctl.k)
     assert chosen == [0, 0]
-    ctl.observe(0, None, 0.020, 0, 0, rows=16, step_rows=16, tokens=16, wall_s=0.020)
-    assert ctl.rate(0, 16) == pytest.approx(800.0)        # measured at this load now (min_measured = 3)
-    assert ctl.choose(16) > 0                             # and the overdue probe (or the prior) may move it
+    probes = ctl._probes_done
+    _feed(ctl, 16, 60)
+    assert ctl.rate(0, 16) == pytest.approx(1000.0)      # measured at this load now
+    assert ctl._probes_done == probes and set(ctl.history[-60:]) == {0}
+    _feed(ctl, 16, 10)                                    # its own first probe, 64 of its steps in
+    assert ctl._probes_done == probes + 1
+
+
+def test_each_load_keeps_its_probe_schedule_through_bursts():
+    """Bursts of 16 requests, each followed by a short tail at 2 rows: the burst load's probes come at its own
+    growing gap (64, 128, 256 of its steps), not once per burst."""
+    ctl = AdaptiveK(k_max=3, overlap=True, k_start=0, merge_zero=True, probe_steps=4, explore_every=64,
+                    max_gap_factor=8)
+    at16 = 0
+    for _ in range(8):
+        before = ctl._probes_done
+        _feed(ctl, 16, 60)
+        at16 += ctl._probes_done - before
+        _feed(ctl, 2, 8)
+    assert 2 <= at16 <= 3, at16                            # 480 steps at this load: probes at 64, 192, (448)
+    assert ctl.history.count(0) > 0.9 * len(ctl.history)
 
 
 @pytest.mark.parametrize("gain,drafts", [(1.05, False), (1.2, True)])
