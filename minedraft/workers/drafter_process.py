@@ -51,9 +51,9 @@ class DrafterProcess(_Worker):
             self.pub.send(pack({"t": "slots", "cuda_handles": handles}))
         self.report({"t": "ready", "who": "drafter"})
 
-    def _usage(self, batches, adds) -> dict:
+    def _usage(self) -> dict:
         cache = self.runner.cache if self.runner else None
-        return {"seqs": len(batches[0]) + len(batches[1]), "waiting": len(adds),
+        return {"seqs": len(self.batches[0]) + len(self.batches[1]), "waiting": len(self.adds),
                 "cache_seqs": cache.num_seqs if cache else 0, "used_blocks": cache.used_blocks if cache else 0}
 
     def _budget(self, k: int, rows: int) -> tuple[int, int | None]:
@@ -65,140 +65,162 @@ class DrafterProcess(_Worker):
         cap = self.spec.get("capacity")
         return k + self.spec["extra"], (k * rows if cap is None else max(1, round(cap * k / self.k_max)))
 
+    # -- the loop: each pass takes commands and verdicts, applies aborts, then drafts one batch if it can ------
     def loop(self):
-        batches: dict[int, list[int]] = {0: [], 1: []}
-        adds: list = []                   # waiting for cache room (frees may lag the scheduler by a step)
-        aborts: set[int] = set()
-        removed: dict[int, list[int]] = {0: [], 1: []}  # to tell the verifier with batch b's next drafts
-        outstanding = {0: False, 1: False}
-        leased = {0: False, 1: False}     # with the verifier on a lease (see lease_ok); "yield" asks it back
-        yielded = {0: False, 1: False}
-        batch_of: dict[int, int] = {}
-        k = self.k_max
-        step = 0
+        self.batches: dict[int, list[int]] = {0: [], 1: []}
+        self.adds: list = []              # waiting for cache room (frees may lag the scheduler by a step)
+        self.aborts: set[int] = set()
+        self.removed: dict[int, list[int]] = {0: [], 1: []}  # to tell the verifier with batch b's next drafts
+        self.outstanding = {0: False, 1: False}
+        self.leased = {0: False, 1: False}   # with the verifier on a lease (see _lease_ok); "yield" asks it back
+        self.yielded = {0: False, 1: False}
+        self.batch_of: dict[int, int] = {}
+        self.k = self.k_max
+        self.step = 0
+        self.merge = bool(self.spec.get("merge_on_zero"))
         turn = 0
         poller = zmq.Poller()
         poller.register(self.cmd, zmq.POLLIN)
         poller.register(self.verdicts, zmq.POLLIN)
-        merge = bool(self.spec.get("merge_on_zero"))
-
-        def home(rb: int) -> int:
-            """The batch an admitted request joins: the scheduler's choice, except that with no drafts (k = 0)
-            everything goes to batch 0 when merging is on (see plain_steps.rebalance)."""
-            return 0 if merge and k == 0 else rb
-
-        def draftable(b: int) -> bool:
-            if outstanding[b]:
-                return False
-            if batches[b] or removed[b]:
-                return True
-            need = [r.cache_tokens(self.max_draft) for r, rb in adds if home(rb) == b]
-            return bool(need) and (not self.drafter or self.runner.cache.can_allocate(need[0]))
-
-        def lease_ok(b: int) -> bool:
-            """Plain decoding of one batch with nothing pending here: the verifier may go on stepping batch b
-            without a drafts message per step (it drops the hand-over from every step, as a single-process
-            loop would), until this loop has something for it and sends "yield"."""
-            return (k == 0 and not self.spec.get("no_lease") and not adds and not aborts
-                    and not batches[1 - b] and not removed[1 - b] and not outstanding[1 - b])
-
         while True:
-            if not draftable(turn) and draftable(1 - turn):
+            if not self._draftable(turn) and self._draftable(1 - turn):
                 turn = 1 - turn  # the other batch can go now
-            events = dict(poller.poll(0 if draftable(turn) else POLL_MS))
+            events = dict(poller.poll(0 if self._draftable(turn) else POLL_MS))
             self.tick()
             if not self.parent_alive():
                 return
-            for m in (drain(self.cmd) if self.cmd in events else ()):
-                if m["t"] == "add":
-                    adds.append((self.NewRequest.from_msg(m["req"]), m["batch"]))
-                elif m["t"] == "abort":
-                    aborts.update(m["rids"])
-                elif m["t"] == "set_k":
-                    k = max(0, min(self.k_max, int(m["k"]))) if self.k_max else 0
-                    share_cores(self.spec, k == 0)
-                elif m["t"] == "probe":
-                    self.report({"t": "probe", "who": "drafter", "id": m["id"], **self._usage(batches, adds),
-                                 **placement()})
-                    self.pub.send(pack({"t": "probe", "id": m["id"]}))
-                elif m["t"] == "stop":
-                    self.pub.send(pack({"t": "stop"}))
-                    return
-            for m in (drain(self.verdicts) if self.verdicts in events else ()):
-                b = m["batch"]
-                outstanding[b] = leased[b] = yielded[b] = False  # a lease's steps come back in one verdict
-                for r in m["results"]:
-                    rid, new, _, n_acc, reason = r
-                    if reason:
-                        batches[b].remove(rid)
-                        batch_of.pop(rid, None)
-                        if self.drafter:
-                            self.drafter.remove(rid)
-                    elif self.drafter:
-                        self.drafter.apply(rid, n_acc, new)
-            # aborts: applied to batches that are not in flight
-            for rid in list(aborts):
-                b = batch_of.get(rid)
-                pending = [x for x in adds if x[0].rid == rid]
-                if pending:
-                    adds.remove(pending[0])
-                    aborts.discard(rid)
-                elif b is None:
-                    aborts.discard(rid)  # already finished
-                elif not outstanding[b]:
-                    batches[b].remove(rid)
-                    del batch_of[rid]
+            if self.cmd in events and not self._commands():
+                return
+            if self.verdicts in events:
+                self._verdicts()
+            self._apply_aborts()
+            for lb in (0, 1):
+                if self.leased[lb] and not self.yielded[lb] and not self._lease_ok(lb):
+                    self.pub.send(pack({"t": "yield", "batch": lb}))
+                    self.yielded[lb] = True
+            if self.merge:
+                rebalance(self.k, self.batches, self.batch_of, self.removed, self.outstanding)
+            if self.outstanding[turn]:
+                continue
+            sent = self._send_drafts(turn, self._admit(turn))
+            if not sent or self.spec["mode"] == "minedraft":
+                turn = 1 - turn  # the pipeline alternates; an empty batch lets the other one go
+
+    def _home(self, rb: int) -> int:
+        """The batch an admitted request joins: the scheduler's choice, except that with no drafts (k = 0)
+        everything goes to batch 0 when merging is on (see plain_steps.rebalance)."""
+        return 0 if self.merge and self.k == 0 else rb
+
+    def _draftable(self, b: int) -> bool:
+        if self.outstanding[b]:
+            return False
+        if self.batches[b] or self.removed[b]:
+            return True
+        need = [r.cache_tokens(self.max_draft) for r, rb in self.adds if self._home(rb) == b]
+        return bool(need) and (not self.drafter or self.runner.cache.can_allocate(need[0]))
+
+    def _lease_ok(self, b: int) -> bool:
+        """Plain decoding of one batch with nothing pending here: the verifier may go on stepping batch b
+        without a drafts message per step (it drops the hand-over from every step, as a single-process
+        loop would), until this loop has something for it and sends "yield"."""
+        o = 1 - b
+        return (self.k == 0 and not self.spec.get("no_lease") and not self.adds and not self.aborts
+                and not self.batches[o] and not self.removed[o] and not self.outstanding[o])
+
+    def _commands(self) -> bool:
+        """The scheduler's messages; False on stop."""
+        for m in drain(self.cmd):
+            if m["t"] == "add":
+                self.adds.append((self.NewRequest.from_msg(m["req"]), m["batch"]))
+            elif m["t"] == "abort":
+                self.aborts.update(m["rids"])
+            elif m["t"] == "set_k":
+                self.k = max(0, min(self.k_max, int(m["k"]))) if self.k_max else 0
+                share_cores(self.spec, self.k == 0)
+            elif m["t"] == "probe":
+                self.report({"t": "probe", "who": "drafter", "id": m["id"], **self._usage(), **placement()})
+                self.pub.send(pack({"t": "probe", "id": m["id"]}))
+            elif m["t"] == "stop":
+                self.pub.send(pack({"t": "stop"}))
+                return False
+        return True
+
+    def _verdicts(self) -> None:
+        """The verifier's verdicts: finished rows leave their batch, the others take their accepted tokens."""
+        for m in drain(self.verdicts):
+            b = m["batch"]
+            self.outstanding[b] = self.leased[b] = self.yielded[b] = False  # a lease's steps come in one verdict
+            for rid, new, _, n_acc, reason in m["results"]:
+                if reason:
+                    self.batches[b].remove(rid)
+                    self.batch_of.pop(rid, None)
                     if self.drafter:
                         self.drafter.remove(rid)
-                    removed[b].append(rid)
-                    aborts.discard(rid)
-            for lb in (0, 1):
-                if leased[lb] and not yielded[lb] and not lease_ok(lb):
-                    self.pub.send(pack({"t": "yield", "batch": lb}))
-                    yielded[lb] = True
-            if merge:
-                rebalance(k, batches, batch_of, removed, outstanding)
-            b = turn
-            if outstanding[b]:
-                continue
-            new_reqs = []
-            for item in list(adds):
-                req, ab = item
-                if home(ab) != b:
-                    continue
-                if self.drafter and not self.runner.cache.can_allocate(req.cache_tokens(self.max_draft)):
-                    break
-                adds.remove(item)
+                elif self.drafter:
+                    self.drafter.apply(rid, n_acc, new)
+
+    def _apply_aborts(self) -> None:
+        """Cancelled requests leave a waiting list at once and a batch once it is back from the verifier (the
+        verifier hears of it with that batch's next drafts)."""
+        for rid in list(self.aborts):
+            b = self.batch_of.get(rid)
+            pending = [x for x in self.adds if x[0].rid == rid]
+            if pending:
+                self.adds.remove(pending[0])
+                self.aborts.discard(rid)
+            elif b is None:
+                self.aborts.discard(rid)  # already finished
+            elif not self.outstanding[b]:
+                self.batches[b].remove(rid)
+                del self.batch_of[rid]
                 if self.drafter:
-                    self.drafter.add(req)
-                batches[b].append(req.rid)
-                batch_of[req.rid] = b
-                new_reqs.append(req.to_msg())
-            rids = batches[b]
-            if not rids:
-                if removed[b]:  # tell the verifier even if the batch emptied
-                    self.pub.send(pack({"t": "drafts", "batch": b, "step": step, "rids": [], "adds": [],
-                                        "removes": removed[b], "desc": None, "t0": 0, "t1": 0}))
-                    removed[b] = []
-                turn = 1 - b
+                    self.drafter.remove(rid)
+                self.removed[b].append(rid)
+                self.aborts.discard(rid)
+
+    def _admit(self, b: int) -> list[dict]:
+        """Waiting requests that join batch b now, in arrival order, while the draft cache has room."""
+        new_reqs = []
+        for item in list(self.adds):
+            req, ab = item
+            if self._home(ab) != b:
                 continue
-            self._fault("draft")
-            t0 = time.monotonic()
-            if self.drafter and k:
-                drafts, q = self.drafter.draft(rids, *self._budget(k, len(rids)))
-            else:
-                drafts, q = [[] for _ in rids], None
-            desc = self.slots.write(b, drafts, q)
-            t1 = time.monotonic()
-            leased[b] = lease_ok(b)
-            self.pub.send(pack({"t": "drafts", "batch": b, "step": step, "rids": list(rids), "adds": new_reqs,
-                                "removes": removed[b], "desc": desc, "t0": t0, "t1": t1, "k": k,
-                                "lease": leased[b]}))
-            removed[b] = []
-            outstanding[b] = True
-            step += 1
-            if self.spec["mode"] == "minedraft":
-                turn = 1 - b
+            if self.drafter and not self.runner.cache.can_allocate(req.cache_tokens(self.max_draft)):
+                break
+            self.adds.remove(item)
+            if self.drafter:
+                self.drafter.add(req)
+            self.batches[b].append(req.rid)
+            self.batch_of[req.rid] = b
+            new_reqs.append(req.to_msg())
+        return new_reqs
+
+    def _send_drafts(self, b: int, new_reqs: list[dict]) -> bool:
+        """Draft batch b and broadcast it (a lease when plain decoding has nothing pending); False when the
+        batch is empty (its removals still go out)."""
+        rids = self.batches[b]
+        if not rids:
+            if self.removed[b]:  # tell the verifier even if the batch emptied
+                self.pub.send(pack({"t": "drafts", "batch": b, "step": self.step, "rids": [], "adds": [],
+                                    "removes": self.removed[b], "desc": None, "t0": 0, "t1": 0}))
+                self.removed[b] = []
+            return False
+        self._fault("draft")
+        t0 = time.monotonic()
+        if self.drafter and self.k:
+            drafts, q = self.drafter.draft(rids, *self._budget(self.k, len(rids)))
+        else:
+            drafts, q = [[] for _ in rids], None
+        desc = self.slots.write(b, drafts, q)
+        t1 = time.monotonic()
+        self.leased[b] = self._lease_ok(b)
+        self.pub.send(pack({"t": "drafts", "batch": b, "step": self.step, "rids": list(rids), "adds": new_reqs,
+                            "removes": self.removed[b], "desc": desc, "t0": t0, "t1": t1, "k": self.k,
+                            "lease": self.leased[b]}))
+        self.removed[b] = []
+        self.outstanding[b] = True
+        self.step += 1
+        return True
 
 
 def drafter_main(spec: dict) -> None:
