@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing as mp
+import os
 import shutil
 import signal
 import tempfile
@@ -23,7 +25,7 @@ from .async_scheduler import AsyncScheduler
 from .config import EngineConfig
 from .cores import resolve as resolve_cores
 from .errors import EngineDeadError
-from .ipc.tensors import create_shm, destroy_shm, slot_nbytes
+from .ipc.tensors import create_shm, destroy_shm, feature_slot_nbytes, slot_nbytes
 from .outputs import GenerationResult, StreamDelta
 from .sampling_params import SamplingParams
 from .step_stats import StepStats
@@ -45,6 +47,11 @@ def _resolve_devices(cfg: EngineConfig) -> tuple[str, str]:
     if target.startswith("cuda") != draft.startswith("cuda"):
         raise ValueError("draft and target must both be on CUDA or both on CPU")
     return draft, target
+
+
+def _hidden_size(model_dir: str) -> int:
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return int(json.load(f)["hidden_size"])
 
 
 def _load_tokenizer_and_meta(cfg: EngineConfig):
@@ -76,7 +83,7 @@ class Engine:
         self._trace, self._fault = trace, fault
         self.scheduler: AsyncScheduler | None = None
         self.procs: list = []
-        self._shm = []
+        self._shm, self._feat_shm = [], []
         self._tmp = None
         self._ctx = None
         self._watch = None
@@ -110,11 +117,19 @@ class Engine:
         addr = {n: f"ipc://{self._tmp}/{n}" for n in ("cmd", "status", "drafts", "verdict_drafter")}
         k = cfg.effective_k
         nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab)
+        # a feature-conditioned draft gets the target's features back with each verdict (ipc/tensors.py)
+        from .workers.model_runner import FEATURE_FILE
+        feat_nbytes = feature_slot_nbytes(cfg.kv_cache_tokens, _hidden_size(cfg.target)) if (
+            k and os.path.exists(os.path.join(cfg.draft, FEATURE_FILE))) else 0
         if not draft_dev.startswith("cuda"):
             self._shm = create_shm(2, nbytes)
+            if feat_nbytes:
+                self._feat_shm = create_shm(2, feat_nbytes)
         common = {"addr": addr, "k": k, "mode": cfg.mode, "kv_cache_tokens": cfg.kv_cache_tokens,
                   "block_size": cfg.block_size, "dtype": cfg.dtype, "shm": [s.name for s in self._shm],
                   "slot_nbytes": nbytes, "eos": eos, "target": cfg.target, "draft": cfg.draft,
+                  "features": bool(feat_nbytes), "feat_nbytes": feat_nbytes,
+                  "feat_shm": [s.name for s in self._feat_shm],
                   "fault": list(self._fault) if self._fault else None,
                   "tetris": bool(cfg.tetris and k), "extra": cfg.max_draft - k, "capacity": cfg.tetris_capacity,
                   "heartbeat_s": min(1.0, cfg.heartbeat_timeout_s / 4),
@@ -231,8 +246,8 @@ class Engine:
             p.join(5)
 
     def _cleanup_shm(self) -> None:
-        destroy_shm(self._shm)
-        self._shm = []
+        destroy_shm(self._shm + self._feat_shm)
+        self._shm, self._feat_shm = [], []
 
     async def shutdown(self) -> None:
         if self._closed:

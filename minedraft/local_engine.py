@@ -38,7 +38,6 @@ class LocalEngine:
         self.k = cfg.effective_k
         self.max_draft = cfg.max_draft  # k, or k + tetris_extra with Tetris
         self.target = ModelRunner.from_pretrained(cfg.target, cfg.kv_cache_tokens, cfg.block_size, device, cfg.dtype)
-        self.verifier = Verifier(self.target, self.max_draft, eos_ids(self.target.config, self.tokenizer))
         self.drafter = None
         if self.k:
             ddev = "cpu" if cfg.draft_device == "auto" else cfg.draft_device
@@ -46,6 +45,8 @@ class LocalEngine:
             if self.draft.vocab_size != self.target.vocab_size:
                 raise ValueError("draft and target vocabularies differ; they must share a tokenizer")
             self.drafter = Drafter(self.draft, self.max_draft)
+        self.verifier = Verifier(self.target, self.max_draft, eos_ids(self.target.config, self.tokenizer),
+                                 features=bool(self.drafter and self.drafter.features))
         self._ids = itertools.count()
 
     def generate(self, prompts: list, params=None) -> list[GenerationResult]:
@@ -97,4 +98,4 @@ class LocalEngine:
                 if self.drafter:
                     self.drafter.remove(r.rid)
             elif self.drafter:
-                self.drafter.apply(r.rid, r.num_accepted, r.new_tokens)
+                self.drafter.apply(r.rid, r.num_accepted, r.new_tokens, r.features)

@@ -89,6 +89,24 @@ def _tp_check(config, world: int) -> None:
     check_model(config, world)
 
 
+def draft_feature_size(draft: str, dcfg) -> int | None:
+    """The size of the target feature a feature-conditioned draft reads (None: an ordinary draft)."""
+    from safetensors import safe_open
+
+    from .workers.model_runner import FEATURE_FILE
+    f = os.path.join(draft, FEATURE_FILE)
+    if not os.path.exists(f):
+        return None
+    try:
+        with safe_open(f, "pt") as fh:
+            rows, cols = fh.get_slice("weight").get_shape()
+    except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line error
+        raise ModelDirError(f"draft model directory {draft} has an unreadable {FEATURE_FILE} ({e})") from None
+    if rows != dcfg.hidden_size or cols <= dcfg.hidden_size:
+        raise ModelDirError(f"{f}: weight shape {[rows, cols]} does not fit hidden size {dcfg.hidden_size}")
+    return cols - dcfg.hidden_size
+
+
 def check_pair(target: str, draft: str, need_draft: bool = True, target_tp: int = 1, draft_tp: int = 1):
     """Check both directories (and that their shapes split over the tensor-parallel ranks) and load the target's
     tokenizer; returns (tokenizer, vocab_size, eos ids)."""
@@ -114,4 +132,12 @@ def check_pair(target: str, draft: str, need_draft: bool = True, target_tp: int 
         if tcfg.vocab_size != dvocab:
             raise ModelDirError(f"draft vocab {dvocab} ({draft}) != target vocab {tcfg.vocab_size} "
                                 f"({target}): the pair must share a tokenizer")
+        feature_size = draft_feature_size(draft, dcfg)
+        if feature_size is not None:
+            if feature_size != tcfg.hidden_size:
+                raise ModelDirError(f"draft {draft} reads target features of size {feature_size}, but the target's "
+                                    f"hidden size is {tcfg.hidden_size}: it was trained for another target")
+            if target_tp > 1 or draft_tp > 1:
+                raise ModelDirError(f"draft {draft} is feature-conditioned (EAGLE-style); that is not supported with "
+                                    "tensor-parallel workers yet")
     return tok, tcfg.vocab_size, eos_ids(tcfg, tok)

@@ -74,7 +74,6 @@ def phase_gen(args):
     tag = "" if args.prompts == "chat" else "w_"
     deadline = time.time() + args.gen_minutes * 60 if args.gen_minutes else None
     bar = tqdm(range(0, len(prompts), B), desc="gen", unit="batch")
-    eos = tok.eos_token_id
     for s in bar:
         path = out / f"shard_{tag}{s // B:05d}.pt"
         if path.exists():
@@ -84,30 +83,46 @@ def phase_gen(args):
             break
         batch = [chat_ids(tok, p) for p in prompts[s:s + B]]
         t0 = time.time()
-        for i, b in enumerate(batch):
-            runner.cache.allocate(i, len(b) + args.max_new + 1)
-        gen = [[] for _ in batch]
-        tops = [[] for _ in batch]
-        live = list(range(len(batch)))
-        feed = {i: batch[i] for i in live}
-        while live:
-            logits = runner.forward(live, [feed[i] for i in live], 1)[:, 0]
-            v, ix = torch.log_softmax(logits, -1).topk(TOPK, -1)
-            nxt = ix[:, 0].tolist()
-            still = []
-            for j, i in enumerate(live):
-                gen[i].append(nxt[j])
-                tops[i].append((ix[j].to(torch.int32), v[j].to(torch.float16)))
-                if nxt[j] == eos or len(gen[i]) >= args.max_new:
-                    runner.cache.free(i)
-                else:
-                    still.append(i)
-                    feed[i] = [nxt[j]]
-            live = still
-        rows = [{"prompt": b, "gen": gen[i], "top_i": torch.stack([t[0] for t in tops[i]]),
-                 "top_v": torch.stack([t[1] for t in tops[i]])} for i, b in enumerate(batch)]
+        rows = greedy_rows(runner, batch, args.max_new, tok.eos_token_id, args.features)
         torch.save(rows, path)
-        bar.set_postfix(tok_s=f"{sum(map(len, gen)) / (time.time() - t0):.0f}")
+        bar.set_postfix(tok_s=f"{sum(len(r['gen']) for r in rows) / (time.time() - t0):.0f}")
+
+
+def greedy_rows(runner, batch: list[list[int]], max_new: int, eos: int | None, features: bool) -> list[dict]:
+    """The target's greedy answers to a batch of prompts: per row its tokens, top-16 log-probabilities and, with
+    features, the final-norm hidden state of every fed position (0 .. len(prompt + gen) - 2)."""
+    for i, b in enumerate(batch):
+        runner.cache.allocate(i, len(b) + max_new + 1)
+    gen = [[] for _ in batch]
+    tops = [[] for _ in batch]
+    feats = [[] for _ in batch]
+    live = list(range(len(batch)))
+    feed = {i: batch[i] for i in live}
+    while live:
+        if features:
+            logits, states = runner.forward(live, [feed[i] for i in live], 1, hidden=True)
+            for i, h in zip(live, states):
+                feats[i].append(h.to(torch.float16))
+        else:
+            logits = runner.forward(live, [feed[i] for i in live], 1)
+        v, ix = torch.log_softmax(logits[:, 0], -1).topk(TOPK, -1)
+        nxt = ix[:, 0].tolist()
+        still = []
+        for j, i in enumerate(live):
+            gen[i].append(nxt[j])
+            tops[i].append((ix[j].to(torch.int32), v[j].to(torch.float16)))
+            if nxt[j] == eos or len(gen[i]) >= max_new:
+                runner.cache.free(i)
+            else:
+                still.append(i)
+                feed[i] = [nxt[j]]
+        live = still
+    rows = [{"prompt": b, "gen": gen[i], "top_i": torch.stack([t[0] for t in tops[i]]),
+             "top_v": torch.stack([t[1] for t in tops[i]])} for i, b in enumerate(batch)]
+    if features:
+        for r, f in zip(rows, feats):
+            r["feat"] = torch.cat(f)
+    return rows
 
 
 def wide_prompts(tok) -> list[str]:
@@ -326,11 +341,15 @@ def phase_eval(args):
             seqs = list(range(B))
             for s in seqs:
                 r.cache.allocate(s, 200)
-            r.forward(seqs, [prompts[s % len(prompts)][:64] for s in seqs], 1)
+            feed = [prompts[s % len(prompts)][:64] for s in seqs]
+            kw = lambda f: {}  # noqa: E731
+            if r.fc is not None:  # a feature-conditioned draft also reads a target feature per token
+                kw = lambda f: {"features": [torch.zeros(len(t), r.hidden_size) for t in f], "hidden": True}  # noqa
+            r.forward(seqs, feed, 1, **kw(feed))
             ts = []
             for _ in range(15):
                 t0 = time.perf_counter()
-                r.forward(seqs, [[5]] * B, 1)
+                r.forward(seqs, [[5]] * B, 1, **kw([[5]] * B))
                 ts.append(time.perf_counter() - t0)
                 for s in seqs:
                     r.cache.truncate(s, r.cache.length(s) - 1)
@@ -358,6 +377,8 @@ def main(argv=None):
     ap.add_argument("--init-from", default=None, help="train: start from this checkpoint's weights (fresh optimiser)")
     ap.add_argument("--gen-minutes", type=float, default=0, help="stop generating after this long (0: no limit)")
     ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--features", action="store_true",
+                    help="gen: also keep the target's final-norm hidden states (for scripts/train_eagle.py)")
     ap.add_argument("--gen-dtype", default="bfloat16",
                     help="bfloat16 runs 3-4x faster on AMX hosts; the labels are then the bf16 target's")
     ap.add_argument("--vocab", type=int, default=8192)

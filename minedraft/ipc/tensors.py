@@ -1,6 +1,6 @@
-"""Out-of-band tensor slots for drafts.
+"""Out-of-band tensor slots: drafts (drafter -> verifier) and target features (verifier -> drafter).
 
-The drafter owns one slot per batch id. It writes batch b's draft tokens and draft probabilities into slot b
+The drafter owns one draft slot per batch id. It writes batch b's draft tokens and draft probabilities into slot b
 and broadcasts only a small descriptor. Slot b is written again only after the verifier's verdict for batch b
 has come back, and the verifier sends that verdict only after it has finished reading, so the producer keeps
 the buffer alive and untouched exactly as long as the consumer needs it, with no extra handshake.
@@ -8,6 +8,11 @@ the buffer alive and untouched exactly as long as the consumer needs it, with no
 CPU: POSIX shared memory created by the engine (the parent), which unlinks it on shutdown; if the parent is
 killed, Python's resource tracker unlinks it. GPU: CUDA memory allocated by the drafter, shared once at start
 through torch's CUDA IPC handles; the drafter synchronizes before it broadcasts.
+
+Feature slots run the other way, for a feature-conditioned draft (EAGLE-style, workers/drafter.py): with each
+verdict the verifier writes the target's final-norm hidden states of the positions it kept into feature slot b,
+and the drafter copies them out when it takes that verdict, before it drafts batch b again; the verifier writes
+slot b again only after that batch's next drafts. On GPU the verifier allocates them and sends the handles.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from multiprocessing import shared_memory
 
 import torch
 
-_DTYPES = {"int64": torch.int64, "float32": torch.float32}
+_DTYPES = {"int64": torch.int64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def slot_nbytes(max_batch: int, max_k: int, vocab: int) -> int:
@@ -39,7 +44,13 @@ def destroy_shm(segments) -> None:
             pass
 
 
-class DraftSlots:
+def feature_slot_nbytes(kv_cache_tokens: int, hidden: int, itemsize: int = 4) -> int:
+    """A verdict carries at most one feature per cached position of its batch's rows (a lease's steps included:
+    no row joins a batch while it is leased), so the whole cache bounds it."""
+    return kv_cache_tokens * hidden * itemsize
+
+
+class _Slots:
     """Views over the slot buffers, the same on both sides."""
 
     def __init__(self, buffers: list[torch.Tensor], keep=()):
@@ -48,12 +59,12 @@ class DraftSlots:
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
-    def attach_shm(cls, names: list[str]) -> "DraftSlots":
+    def attach_shm(cls, names: list[str]):
         segs = [shared_memory.SharedMemory(name=n) for n in names]
         return cls([torch.frombuffer(s.buf, dtype=torch.uint8) for s in segs], segs)
 
     @classmethod
-    def allocate_cuda(cls, num_slots: int, nbytes: int, device) -> "DraftSlots":
+    def allocate_cuda(cls, num_slots: int, nbytes: int, device):
         return cls([torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(num_slots)])
 
     def cuda_handles(self) -> bytes:
@@ -62,7 +73,7 @@ class DraftSlots:
         return pickle.dumps([reduce_tensor(b) for b in self.buffers])
 
     @classmethod
-    def attach_cuda(cls, handles: bytes) -> "DraftSlots":
+    def attach_cuda(cls, handles: bytes):
         return cls([fn(*args) for fn, args in pickle.loads(handles)])
 
     def close(self) -> None:
@@ -74,10 +85,16 @@ class DraftSlots:
                 pass
         self._keep = ()
 
-    # -- use ---------------------------------------------------------------------------------------
     def _view(self, slot: int, offset: int, dtype, shape) -> torch.Tensor:
         size = math.prod(shape) * dtype.itemsize
         return self.buffers[slot][offset:offset + size].view(dtype).view(*shape)
+
+    def _sync(self, slot: int) -> None:
+        if self.buffers and self.buffers[slot].is_cuda:
+            torch.cuda.current_stream(self.buffers[slot].device).synchronize()
+
+
+class DraftSlots(_Slots):
 
     def write(self, slot: int, drafts: list[list[int]], q: torch.Tensor | None) -> dict:
         """Store one batch's drafts (rows may differ in length: Tetris); return the descriptor that travels
@@ -95,8 +112,7 @@ class DraftSlots:
             V = q.shape[-1]
             self._view(slot, B * 8 + B * k * 8, torch.float32, (B, k, V)).copy_(q)
             desc["V"] = V
-        if self.buffers and self.buffers[slot].is_cuda:
-            torch.cuda.current_stream(self.buffers[slot].device).synchronize()
+        self._sync(slot)
         return desc
 
     def read(self, desc: dict) -> tuple[list[list[int]], torch.Tensor | None]:
@@ -108,3 +124,31 @@ class DraftSlots:
         drafts = [r[:c] for r, c in zip(rows, counts)]
         q = self._view(slot, B * 8 + B * k * 8, torch.float32, (B, k, V)) if V else None
         return drafts, q
+
+
+class FeatureSlots(_Slots):
+    def write(self, slot: int, rows: list[torch.Tensor]) -> dict:
+        """Store one verdict's features, row after row ([n_i, H] each, n_i may be 0); return the descriptor."""
+        counts = [int(r.shape[0]) for r in rows]
+        n = sum(counts)
+        H = next((int(r.shape[1]) for r in rows if r.shape[0]), 0)
+        if n:
+            flat = torch.cat([r for r in rows if r.shape[0]])
+            dt = _DTYPES[str(flat.dtype).removeprefix("torch.")]
+            size = n * H * dt.itemsize
+            if size > self.buffers[slot].numel():
+                raise RuntimeError(f"a verdict's features ({size} bytes) exceed the feature slot "
+                                   f"({self.buffers[slot].numel()} bytes)")
+            self._view(slot, 0, dt, (n, H)).copy_(flat)
+            self._sync(slot)
+            return {"slot": slot, "counts": counts, "H": H, "dtype": str(dt).removeprefix("torch.")}
+        return {"slot": slot, "counts": counts, "H": 0, "dtype": "float32"}
+
+    def read(self, desc: dict) -> list[torch.Tensor]:
+        """Copies (the verifier reuses the slot), one [n_i, H] tensor per row."""
+        counts, H = desc["counts"], desc["H"]
+        n = sum(counts)
+        if not n:
+            return [torch.empty(0, 0) for _ in counts]
+        flat = self._view(desc["slot"], 0, _DTYPES[desc["dtype"]], (n, H)).clone()
+        return list(flat.split(counts))

@@ -1,4 +1,12 @@
-"""The drafter's state machine, free of any transport: draft tokens for a batch, then apply the verdict."""
+"""The drafter's state machine, free of any transport: draft tokens for a batch, then apply the verdict.
+
+Two kinds of draft: an ordinary causal LM that sees tokens only, and a feature-conditioned one (EAGLE-style; the
+runner's `fc`, see model_runner.load_feature_fc) whose input at each position also carries the target's
+final-norm hidden state of the position before. The latter drafts a row only once the verifier has sent the
+features of everything before its last token (a new request waits one step: its first step is plain decoding),
+feeds drafted positions with its own guesses of those features, and after each verdict drops every drafted
+position from its cache to feed the accepted ones again with the target's real features.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +28,8 @@ class _DraftSeq:
     seed: int
     drafted_from: int | None = None  # len(tokens) when the last draft was made, None once its verdict is in
     rounds: int = 0        # verdicts applied: a redraft of a position draws fresh numbers
+    feats: torch.Tensor | None = None  # feature-conditioned draft: target features not yet fed, from the one
+    #                                    before the first unfed token (a zero row stands before token 0)
 
 
 class Drafter:
@@ -27,10 +37,19 @@ class Drafter:
         """max_k: the most drafts a row may get in one step (k + Tetris extra); the cache reserves for it."""
         self.runner, self.max_k = runner, max_k
         self.seqs: dict[int, _DraftSeq] = {}
+        self.features = runner.fc is not None  # the verifier must send its features with each verdict
 
     def add(self, req: NewRequest) -> None:
         self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_k))
-        self.seqs[req.rid] = _DraftSeq(list(req.prompt_ids), req.params, req.seed)
+        s = _DraftSeq(list(req.prompt_ids), req.params, req.seed)
+        if self.features:
+            s.feats = torch.zeros(1, self.runner.fc.in_features - self.runner.hidden_size,
+                                  dtype=self.runner.dtype, device=self.runner.device)
+        self.seqs[req.rid] = s
+
+    def _ready(self, rid: int, s: _DraftSeq) -> bool:
+        """A feature-conditioned draft needs a feature for every unfed token (the verifier's come a step later)."""
+        return not self.features or s.feats.shape[0] >= len(s.tokens) - self.runner.cache.length(rid)
 
     def remove(self, rid: int) -> None:
         self.seqs.pop(rid, None)
@@ -42,6 +61,19 @@ class Drafter:
         [B, max kept, V]. capacity (Tetris): keep only that many drafts across the batch, the best-ranked
         prefixes (tetris.select); None keeps all k for every row."""
         k = min(k, self.max_k)
+        if not k:
+            return [[] for _ in rids], None
+        ready = [i for i, r in enumerate(rids) if self._ready(r, self.seqs[r])]
+        if len(ready) < len(rids):  # rows still waiting for their features draft nothing this step
+            sub, q = self.draft([rids[i] for i in ready], k, capacity) if ready else ([], None)
+            drafts = [[] for _ in rids]
+            for i, d in zip(ready, sub):
+                drafts[i] = d
+            if q is not None:
+                full = q.new_zeros(len(rids), *q.shape[1:])
+                full[ready] = q
+                q = full
+            return drafts, q
         seqs = [self.seqs[r] for r in rids]
         dev = self.runner.device
         cache = self.runner.cache
@@ -49,16 +81,24 @@ class Drafter:
         pos = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.long, device=dev)
         draw = torch.tensor([s.rounds for s in seqs], dtype=torch.long, device=dev)
         feed = [s.tokens[cache.length(r):] for r, s in zip(rids, seqs)]
+        feats = None
+        if self.features:  # the target's features of the fed tokens; the rest wait for the next feed
+            feats = [s.feats[:len(f)] for s, f in zip(seqs, feed)]
+            for s, f in zip(seqs, feed):
+                s.feats = s.feats[len(f):]
         toks, qs, confs = [], [], []
         for i in range(k):
-            logits = self.runner.forward(rids, feed, 1)[:, 0]
+            if feats is None:
+                logits = self.runner.forward(rids, feed, 1)[:, 0]
+            else:
+                logits, states = self.runner.forward(rids, feed, 1, features=feats, hidden=True)
+                logits = logits[:, 0]
+                feats = [h[-1:] for h in states]  # its guess of the target's feature, before the next draft
             tok, q, conf = sample_draft_step(logits, rp, pos + i, draw)
             toks.append(tok)
             qs.append(q)
             confs.append(conf)
             feed = [[t] for t in tok.tolist()]  # the one sync per draft position, for the whole batch
-        if not k:
-            return [[] for _ in rids], None
         for s in seqs:
             s.drafted_from = len(s.tokens)
         tok = torch.stack(toks, 1)
@@ -70,12 +110,20 @@ class Drafter:
         q = torch.stack(qs, 1)[:, :kept] if qs[0] is not None and kept else None
         return drafts, q
 
-    def apply(self, rid: int, num_accepted: int, new_tokens: list[int]) -> None:
-        """Take the verifier's verdict: keep the accepted drafts' cache entries, drop the rest."""
+    def apply(self, rid: int, num_accepted: int, new_tokens: list[int], features: torch.Tensor | None = None
+              ) -> None:
+        """Take the verifier's verdict: keep the accepted drafts' cache entries, drop the rest. A
+        feature-conditioned draft keeps none (they were fed with its own guesses) and takes the target's
+        features of the positions the verifier kept."""
         s = self.seqs[rid]
         s.tokens.extend(new_tokens)
         s.rounds += 1
+        if self.features:
+            if features is None:
+                raise RuntimeError("a feature-conditioned draft needs the verifier's features with each verdict")
+            s.feats = torch.cat([s.feats, features.to(s.feats)])
         if s.drafted_from is not None:  # a step without drafts (k = 0) leaves the cache as it is
             cache = self.runner.cache
-            cache.truncate(rid, min(cache.length(rid), s.drafted_from + num_accepted))
+            kept = s.drafted_from if self.features else s.drafted_from + num_accepted
+            cache.truncate(rid, min(cache.length(rid), kept))
             s.drafted_from = None

@@ -8,7 +8,7 @@ import time
 import zmq
 
 from ..ipc.codec import pack
-from ..ipc.tensors import DraftSlots
+from ..ipc.tensors import DraftSlots, FeatureSlots
 from .plain_steps import rebalance, share_cores
 from .process import POLL_MS, _Worker, drain, placement
 
@@ -49,6 +49,11 @@ class DrafterProcess(_Worker):
                 subs += 1
         if handles:
             self.pub.send(pack({"t": "slots", "cuda_handles": handles}))
+        # a feature-conditioned draft reads the target's features from the verifier's slots (CUDA: their handles
+        # come as the verifier's first message on the verdict socket)
+        self.feature_slots = None
+        if spec.get("features") and not spec["device"].startswith("cuda"):
+            self.feature_slots = FeatureSlots.attach_shm(spec["feat_shm"])
         self.report({"t": "ready", "who": "drafter"})
 
     def _usage(self) -> dict:
@@ -148,16 +153,20 @@ class DrafterProcess(_Worker):
     def _verdicts(self) -> None:
         """The verifier's verdicts: finished rows leave their batch, the others take their accepted tokens."""
         for m in drain(self.verdicts):
+            if m["t"] == "feature_slots":
+                self.feature_slots = FeatureSlots.attach_cuda(m["cuda_handles"])
+                continue
             b = m["batch"]
             self.outstanding[b] = self.leased[b] = self.yielded[b] = False  # a lease's steps come in one verdict
-            for rid, new, _, n_acc, reason in m["results"]:
+            feats = self.feature_slots.read(m["feat"]) if "feat" in m else None
+            for i, (rid, new, _, n_acc, reason) in enumerate(m["results"]):
                 if reason:
                     self.batches[b].remove(rid)
                     self.batch_of.pop(rid, None)
                     if self.drafter:
                         self.drafter.remove(rid)
                 elif self.drafter:
-                    self.drafter.apply(rid, n_acc, new)
+                    self.drafter.apply(rid, n_acc, new, feats[i] if feats is not None else None)
 
     def _apply_aborts(self) -> None:
         """Cancelled requests leave a waiting list at once and a batch once it is back from the verifier (the

@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover
 
 SUPPORTED = {"llama", "mistral", "qwen2", "qwen3"}
 VOCAB_MAP_FILE = "draft_vocab.json"  # a draft whose vocabulary is a subset of its target's (see load_vocab_map)
+FEATURE_FILE = "eagle_fc.safetensors"  # a feature-conditioned (EAGLE-style) draft: see load_feature_fc
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -78,6 +79,21 @@ def load_vocab_map(path: str) -> tuple[list[int], int] | None:
     return ids, V
 
 
+def load_feature_fc(path: str, device="cpu", dtype=torch.float32) -> torch.nn.Linear | None:
+    """A feature-conditioned draft (EAGLE-style) carries eagle_fc.safetensors: one linear map from [target feature,
+    token embedding] (2H) to its hidden size. Its input at position j is fc(cat(f_{j-1}, embed(t_j))), where f is the
+    target's final-norm hidden state (the vector its LM head reads); the draft's own final-norm output is its guess
+    of the target's feature at j, which it feeds back for the next draft position."""
+    f = os.path.join(path, FEATURE_FILE)
+    if not os.path.exists(f):
+        return None
+    from safetensors.torch import load_file
+    w = load_file(f)
+    fc = torch.nn.Linear(w["weight"].shape[1], w["weight"].shape[0], bias="bias" in w)
+    fc.load_state_dict(w)
+    return fc.to(device=device, dtype=dtype).eval()
+
+
 @dataclass
 class _Plan:
     """Index tensors for one padded forward over a group of sequences."""
@@ -91,8 +107,9 @@ class _Plan:
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache_tokens: int, block_size: int = 16, vocab_map=None):
+    def __init__(self, model, kv_cache_tokens: int, block_size: int = 16, vocab_map=None, feature_fc=None):
         self.model = model
+        self.fc = feature_fc  # set: a feature-conditioned draft; forward then needs each token's target feature
         cfg = model.config
         self.config = cfg
         inner = model.model
@@ -121,7 +138,13 @@ class ModelRunner:
     @classmethod
     def from_pretrained(cls, path: str, kv_cache_tokens: int, block_size: int = 16, device="cpu",
                         dtype="float32") -> "ModelRunner":
-        return cls(load_causal_lm(path, device, dtype), kv_cache_tokens, block_size, load_vocab_map(path))
+        model = load_causal_lm(path, device, dtype)
+        return cls(model, kv_cache_tokens, block_size, load_vocab_map(path),
+                   load_feature_fc(path, device, next(model.parameters()).dtype))
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
 
     # -- planning ----------------------------------------------------------------------------------
     def _plan(self, seq_ids, token_lists, num_logits: int) -> _Plan:
@@ -158,20 +181,29 @@ class ModelRunner:
 
     # -- forward -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, seq_ids: list, token_lists: list[list[int]], num_logits: int = 1) -> torch.Tensor:
+    def forward(self, seq_ids: list, token_lists: list[list[int]], num_logits: int = 1,
+                features: list[torch.Tensor] | None = None, hidden: bool = False):
         """Append token_lists[i] to sequence seq_ids[i]'s cache; return logits [B, num_logits, V] (float32)
         of each sequence's last num_logits new tokens, right-aligned: a row with n < num_logits new tokens
         (ragged Tetris drafts) fills its first num_logits - n places with copies of its first token's logits.
 
+        features (a feature-conditioned draft only): row i's target features [len(token_lists[i]), H], the one
+        before each token. hidden=True also returns each row's final-norm hidden states [len(token_lists[i]), H]
+        (the target's features, or the draft's guesses of them): (logits, list of tensors).
+
         Rows of very different lengths (a long prefill beside decodes) run as separate padded groups so a
         prompt does not make every decode row pay for its length.
         """
+        if (features is None) != (self.fc is None):
+            raise ValueError("a feature-conditioned draft needs features, and only it takes them")
         if not seq_ids:
-            return torch.empty(0, num_logits, self.vocab_size)
+            empty = torch.empty(0, num_logits, self.vocab_size)
+            return (empty, []) if hidden else empty
         if any(not toks for toks in token_lists):
             raise ValueError("each sequence needs at least one new token")
         order = sorted(range(len(seq_ids)), key=lambda i: len(token_lists[i]))
         out = torch.empty(len(seq_ids), num_logits, self.vocab_size, dtype=torch.float32, device=self.device)
+        states: list = [None] * len(seq_ids)
         group: list[int] = []
         for i in order + [None]:
             # short rows (decodes, ragged drafts) always share a group: with token-wise work packed, their
@@ -179,12 +211,17 @@ class ModelRunner:
             if i is not None and (not group or len(token_lists[i]) <= max(2 * len(token_lists[group[0]]) + 4, 16)):
                 group.append(i)
                 continue
-            out[group] = self._forward_group([seq_ids[j] for j in group], [token_lists[j] for j in group],
-                                             num_logits)
+            res = self._forward_group([seq_ids[j] for j in group], [token_lists[j] for j in group], num_logits,
+                                      None if features is None else [features[j] for j in group], hidden)
+            if hidden:
+                res, hs = res
+                for j, h in zip(group, hs):
+                    states[j] = h
+            out[group] = res
             group = [i] if i is not None else []
-        return out
+        return (out, states) if hidden else out
 
-    def _forward_group(self, seq_ids, token_lists, num_logits):
+    def _forward_group(self, seq_ids, token_lists, num_logits, features=None, hidden=False):
         """Token-wise work (embeddings, projections, MLPs) runs on the real tokens only, packed [1, N, H]:
         rows with fewer new tokens (ragged Tetris drafts, decodes beside a prefill) cost only their tokens.
         Attention runs padded, [B, heads, T, S], against the paged cache."""
@@ -196,6 +233,9 @@ class ModelRunner:
             ids, pos = ids.index_select(0, real), pos.index_select(0, real)
         N = ids.shape[0]
         h = self.embed(ids)[None]                        # [1, N, H]
+        if self.fc is not None:  # packed real tokens are the rows' lists in order, so are their features
+            f = torch.cat(features).to(device=self.device, dtype=h.dtype)
+            h = self.fc(torch.cat([f[None], h], -1))
         cos, sin = self.rotary(h, pos[None])
         S = p.masks[0].shape[-1]
 
@@ -232,8 +272,17 @@ class ModelRunner:
         if real is not None:  # [B*T] position -> packed index
             packed = torch.full((B * T,), -1, dtype=torch.long, device=self.device)
             flat = packed.index_copy_(0, real, torch.arange(N, device=self.device))[flat]
-        h = self.norm(h[0].index_select(0, flat)).view(B, -1, h.shape[-1])  # [B, n, H]
+        if hidden:  # every real token's final-norm state; the logits read the same rows
+            states = self.norm(h[0])
+            h = states.index_select(0, flat).view(B, -1, h.shape[-1])
+        else:
+            h = self.norm(h[0].index_select(0, flat)).view(B, -1, h.shape[-1])  # [B, n, H]
         logits = self.lm_head(h).float()
+        if hidden:
+            return self._logits(logits), list(states.split([len(t) for t in token_lists]))
+        return self._logits(logits)
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         if self.token_ids is None:
             return logits
         full = torch.full((*logits.shape[:-1], self.vocab_size), float("-inf"), device=self.device)

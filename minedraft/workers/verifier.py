@@ -19,6 +19,8 @@ class StepResult:
     num_drafted: int
     num_accepted: int
     finish_reason: str | None    # "stop" | "length" | None (still running)
+    features: torch.Tensor | None = None  # for a feature-conditioned draft: the target's final-norm states
+    #                                       of the positions kept this step (not part of the message)
 
     def to_msg(self) -> list:
         return [self.rid, self.new_tokens, self.num_drafted, self.num_accepted, self.finish_reason]
@@ -38,8 +40,10 @@ class _VerifySeq:
 
 
 class Verifier:
-    def __init__(self, runner: ModelRunner, max_k: int, eos_token_ids: list[int]):
-        self.runner, self.max_k = runner, max_k
+    def __init__(self, runner: ModelRunner, max_k: int, eos_token_ids: list[int], features: bool = False):
+        """features: return the target's features of the kept positions with each result (the draft is
+        feature-conditioned, workers/drafter.py)."""
+        self.runner, self.max_k, self.features = runner, max_k, features
         self.eos = frozenset(eos_token_ids)
         self.seqs: dict[int, _VerifySeq] = {}
 
@@ -64,7 +68,11 @@ class Verifier:
         seqs = [self.seqs[r] for r in rids]
         cache = self.runner.cache
         feed = [s.tokens[cache.length(r):] + d for r, s, d in zip(rids, seqs, drafts)]
-        logits = self.runner.forward(rids, feed, K + 1)
+        states = None
+        if self.features:
+            logits, states = self.runner.forward(rids, feed, K + 1, hidden=True)
+        else:
+            logits = self.runner.forward(rids, feed, K + 1)
         counts_t = torch.tensor(counts, dtype=torch.long, device=dev)
         if K and min(counts) < K:  # right-aligned by the runner -> position j of row b at column j
             idx = (K - counts_t[:, None] + torch.arange(K + 1, device=dev)[None, :]).clamp(max=K)
@@ -74,10 +82,12 @@ class Verifier:
         pos0 = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.long, device=dev)
         ns, toks = verify_batch(logits, pad, counts_t, q, rp, pos0)
         results = []
-        for rid, s, d, c, n, tok in zip(rids, seqs, drafts, counts, ns, toks):
+        for i, (rid, s, d, c, n, tok) in enumerate(zip(rids, seqs, drafts, counts, ns, toks)):
             new, reason = self._cut(s, d[:n] + [tok])
             s.tokens.extend(new)
             results.append(StepResult(rid, new, c, n, reason))
+            if states is not None and not reason:  # the unverified tail and the accepted drafts
+                results[-1].features = states[i][:len(feed[i]) - c + n]
             if reason:
                 self.remove(rid)
             else:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import time
 from collections import deque
 
+import torch
 import zmq
 
 from ..ipc.codec import pack, unpack
-from ..ipc.tensors import DraftSlots
+from ..ipc.tensors import DraftSlots, FeatureSlots
 from .plain_steps import widen_verifier
 from .process import POLL_MS, _Worker, drain, placement
 
@@ -21,7 +22,8 @@ class VerifierProcess(_Worker):
         self.NewRequest = NewRequest
         spec, a = self.spec, self.spec["addr"]
         self.runner = self.load(spec["target"])
-        self.verifier = Verifier(self.runner, spec["k"] + spec.get("extra", 0), spec["eos"])
+        self.verifier = Verifier(self.runner, spec["k"] + spec.get("extra", 0), spec["eos"],
+                                 features=bool(spec.get("features")))
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.setsockopt(zmq.RCVHWM, 0)
@@ -29,6 +31,13 @@ class VerifierProcess(_Worker):
         self.to_drafter = self.ctx.socket(zmq.PUSH)
         self.to_drafter.connect(a["verdict_drafter"])
         self.slots = None
+        self.feature_slots = None  # a feature-conditioned draft: the target's features go back with each verdict
+        if spec.get("features"):
+            if spec["device"].startswith("cuda"):
+                self.feature_slots = FeatureSlots.allocate_cuda(2, spec["feat_nbytes"], spec["device"])
+                self.to_drafter.send(pack({"t": "feature_slots", "cuda_handles": self.feature_slots.cuda_handles()}))
+            else:
+                self.feature_slots = FeatureSlots.attach_shm(spec["feat_shm"])
         self.report({"t": "ready", "who": "verifier"})
 
     def attach(self, m: dict):
@@ -40,6 +49,7 @@ class VerifierProcess(_Worker):
     def loop(self):
         self.inbox: deque = deque()  # messages read while a lease ran, handled before the socket's next ones
         self.held: list = []         # result rows of a lease's earlier steps, for the drafter at its end
+        self.held_feats: list = []   # and their target features (a feature-conditioned draft)
         while True:
             m = self._next()
             self.tick()
@@ -113,14 +123,21 @@ class VerifierProcess(_Worker):
                    "k": m.get("k", 0), "more": more}
         out = pack(verdict)
         self.status.send(out)
+        feats = None
+        if self.feature_slots is not None:  # finished rows need none
+            feats = [r.features if r.features is not None else torch.empty(0, 0) for r in results]
         # The drafter gets a lease's verdicts in one message at its end: it needs them only then, and a wake-up
         # per step would take CPU from this process (they share cores in plain decoding)
         if more:
             self.held += verdict["results"]
+            self.held_feats += feats or []
             return left
-        if self.held:  # the end of a lease: its earlier steps' results first (a step outside a lease reuses out)
-            out = pack({**verdict, "results": self.held + verdict["results"]})
-            self.held = []
+        if self.held or feats is not None:  # a lease's earlier steps' results first; features out of band
+            msg = {**verdict, "results": self.held + verdict["results"]}
+            if feats is not None:
+                msg["feat"] = self.feature_slots.write(m["batch"], self.held_feats + feats)
+            out = pack(msg)
+            self.held, self.held_feats = [], []
         self.to_drafter.send(out)
         return []
 
