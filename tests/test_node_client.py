@@ -6,6 +6,7 @@ Python client on the same server, and the target model alone in process (LocalEn
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -227,6 +228,10 @@ def test_curve_with_server_key(curve_stub_server, node_modules):
     assert out["text"] == "echo:hi" and out["token_ids"] == [1, 2, 3]
     [out] = node(ep, "--server-key", public.read_text().strip(), "health")  # the key inline
     assert out["ok"] is True
-    r = subprocess.run(["node", str(NODE_DIR / "client.mjs"), "--endpoint", ep, "--timeout-ms", "500", "health"],
-                       capture_output=True, text=True, timeout=30)  # no key: the handshake never completes
-    assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == "timeout"
+    # No key: the handshake never completes. Short deadlines can expire while the send itself still waits; the
+    # client must still answer with a timeout error, not die of an unhandled rejection.
+    for ms, cmd in itertools.product(("500", "1", "2", "3", "5"), (["health"], ["generate", "hi"])):
+        r = subprocess.run(["node", str(NODE_DIR / "client.mjs"), "--endpoint", ep, "--timeout-ms", ms, *cmd],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and r.stdout, (ms, cmd, r.stderr)
+        assert json.loads(r.stdout)["error"]["code"] == "timeout"

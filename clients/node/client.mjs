@@ -81,6 +81,16 @@ class AsyncQueue {
   }
 }
 
+/** `promise`, or a TimeoutError after `ms` (null: no limit); the timer never outlives the race. */
+function withDeadline(promise, ms, message) {
+  if (ms == null) return promise;
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new TimeoutError(message)), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
 export class MinedraftClient {
   /**
    * @param {string} endpoint e.g. "tcp://127.0.0.1:5555"
@@ -202,8 +212,9 @@ export class MinedraftClient {
     const [rid, q] = this.#register(id);
     let finished = false;
     try {
-      await this.#send({ t: "generate", id: rid, prompt, params });
-      const msg = await q.pop(timeoutMs ?? this.timeoutMs);
+      const t = timeoutMs ?? this.timeoutMs;
+      await withDeadline(this.#send({ t: "generate", id: rid, prompt, params }), t, `request not sent within ${t} ms`);
+      const msg = await q.pop(t);
       finished = true;
       const { text, token_ids, finish_reason, stats } = MinedraftClient.#check(msg);
       return { id: rid, text, token_ids, finish_reason, stats };
@@ -217,9 +228,10 @@ export class MinedraftClient {
     const [rid, q] = this.#register(id);
     let finished = false;
     try {
-      await this.#send({ t: "stream", id: rid, prompt, params });
+      const t = timeoutMs ?? this.timeoutMs;
+      await withDeadline(this.#send({ t: "stream", id: rid, prompt, params }), t, `request not sent within ${t} ms`);
       for (;;) {
-        let msg = await q.pop(timeoutMs ?? this.timeoutMs);
+        let msg = await q.pop(t);
         if (!(msg instanceof Error) && msg.t === "error") finished = true;
         msg = MinedraftClient.#check(msg);
         if (msg.t === "done") {
@@ -239,15 +251,11 @@ export class MinedraftClient {
     if (this.control.has(key)) throw new MinedraftError("duplicate_id", `a ${kind} for ${id} is already pending`);
     const reply = new Promise((resolve, reject) => this.control.set(key, { resolve, reject }));
     const t = timeoutMs ?? this.timeoutMs;
-    let timer;
-    const timeout = t == null ? null : new Promise((_, reject) => {
-      timer = setTimeout(() => reject(new TimeoutError(`no ${kind} reply within ${t} ms`)), t);
-    });
     try {
-      await this.#send({ t: kind, id });
-      return MinedraftClient.#check(await (timeout ? Promise.race([reply, timeout]) : reply));
+      // The deadline covers the send too: before a CURVE handshake completes the send itself may wait.
+      const sentThenReply = this.#send({ t: kind, id }).then(() => reply);
+      return MinedraftClient.#check(await withDeadline(sentThenReply, t, `no ${kind} reply within ${t} ms`));
     } finally {
-      clearTimeout(timer);
       this.control.delete(key);
     }
   }
