@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from minedraft.ipc.tensors import DraftSlots, create_shm, destroy_shm, slot_nbytes
@@ -21,6 +22,36 @@ def test_slots_round_trip_and_empty_drafts_leave_the_slot_alone():
         assert bytes(shm[1].buf[:64]) == before
         assert consumer.read(desc) == ([[], [], []], None)
         del drafts, q2
+        producer.close()
+        consumer.close()
+    finally:
+        destroy_shm(shm)
+
+
+def test_feature_slots_round_trip_ragged_rows():
+    """A verdict's features: rows of different lengths (0 included) come back as separate copies, in order and in
+    their dtype; a verdict bigger than the slot is refused, not written past its end."""
+    from minedraft.ipc.tensors import FeatureSlots, feature_slot_nbytes
+
+    shm = create_shm(2, feature_slot_nbytes(10, 8))
+    try:
+        names = [s.name for s in shm]
+        producer, consumer = FeatureSlots.attach_shm(names), FeatureSlots.attach_shm(names)
+        rows = [torch.randn(3, 8), torch.empty(0, 8), torch.randn(5, 8)]
+        desc = producer.write(1, rows)
+        assert desc["counts"] == [3, 0, 5]
+        got = consumer.read(desc)
+        assert [g.shape[0] for g in got] == [3, 0, 5]
+        assert torch.equal(got[0], rows[0]) and torch.equal(got[2], rows[2])
+        producer.write(1, [torch.zeros(8, 8)])  # the slot is reused: what was read must not change
+        assert torch.equal(got[2], rows[2])
+        half = [torch.randn(2, 8, dtype=torch.bfloat16)]
+        back = consumer.read(producer.write(0, half))
+        assert back[0].dtype == torch.bfloat16 and torch.equal(back[0], half[0])
+        assert [g.shape[0] for g in consumer.read(producer.write(0, [torch.empty(0, 8)] * 2))] == [0, 0]
+        with pytest.raises(RuntimeError, match="exceed the feature slot"):
+            producer.write(0, [torch.randn(11, 8)])
+        del got, back
         producer.close()
         consumer.close()
     finally:
