@@ -178,6 +178,15 @@ async def test_engine_greedy_equals_target_alone(tiny_pair, eagle_draft, alone, 
     assert 0.1 < _acceptance(res) < 0.95
 
 
+async def test_engine_in_bfloat16(tiny_pair, eagle_draft):
+    """Half-precision features (the slots are sized for them): every request completes, drafts are accepted."""
+    async with Engine(EngineConfig(mode="minedraft", k=3, draft=eagle_draft, dtype="bfloat16",
+                                   **_kw(tiny_pair))) as eng:
+        res = await asyncio.gather(*(eng.generate(p, _greedy()) for p in PROMPTS))
+    assert all(len(r.token_ids) == 40 for r in res)
+    assert _acceptance(res) > 0.1
+
+
 async def test_engine_greedy_across_a_lease(tiny_pair, eagle_draft, alone):
     """k = 0 mid-generation puts the batch on a lease (the verifier steps it alone and hands the drafter every
     step's features at its end); back at k = 3 the draft must pick up from the right features."""
