@@ -296,7 +296,9 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--reg", type=float, default=1.0, help="weight of the feature regression")
-    ap.add_argument("--minutes", type=float, default=0, help="train: stop (checkpointed) after this long")
+    ap.add_argument("--minutes", type=float, default=0,
+                    help="train: stop (checkpointed) once all runs together have trained this long (a rerun "
+                         "continues the count: raise it to go on)")
     ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args(argv)
