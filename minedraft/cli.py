@@ -415,7 +415,7 @@ def _serve_http(a) -> int:
 
     from .errors import MinedraftError
     from .http.serve import HTTPBindError, bind_socket
-    from .server import BindError, check_bind
+    from .server_access import BindError, check_bind
     logging.basicConfig(level=getattr(logging, a.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # addresses first: a refused or busy one fails before the models load
@@ -452,7 +452,7 @@ def _serve_http(a) -> int:
 
 # -- keygen -----------------------------------------------------------------------------------------------------
 def cmd_keygen(a) -> int:
-    from .server import write_keypair
+    from .server_access import write_keypair
     os.makedirs(a.out_dir, exist_ok=True)
     secret = os.path.join(a.out_dir, f"{a.name}.secret")
     public = os.path.join(a.out_dir, f"{a.name}.public")

@@ -42,7 +42,7 @@ class Client:
                  context: zmq.asyncio.Context | None = None):
         """timeout: seconds to wait for each reply (generate's result, each stream message, acks); None waits
         forever. On timeout a generate/stream is cancelled on the server and TimeoutError is raised."""
-        from .server import coerce_key
+        from .server_access import coerce_key
         self.endpoint, self.timeout = endpoint, timeout
         self._server_key = coerce_key(server_public_key, "public") if server_public_key is not None else None
         if (client_public_key is None) != (client_secret_key is None):

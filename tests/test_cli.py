@@ -13,7 +13,7 @@ import pytest
 from minedraft import cli
 from minedraft.config import EngineConfig
 from minedraft.engine import Engine
-from minedraft.server import load_key
+from minedraft.server_access import load_key
 
 PROMPT = "The while statement is used for"
 

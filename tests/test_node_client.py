@@ -202,7 +202,8 @@ def curve_stub_server(tmp_path):
     import asyncio
     import threading
 
-    from minedraft.server import Server, write_keypair
+    from minedraft.server import Server
+    from minedraft.server_access import write_keypair
     write_keypair(tmp_path / "s.secret", tmp_path / "s.public")
     started, box = threading.Event(), {}
 

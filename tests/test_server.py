@@ -23,7 +23,8 @@ from minedraft.config import EngineConfig
 from minedraft.engine import Engine
 from minedraft.errors import EngineDeadError, InvalidRequestError, OverloadedError
 from minedraft.outputs import GenerationResult, RequestStats
-from minedraft.server import BindError, Server, check_bind, is_loopback_endpoint, load_key, write_keypair
+from minedraft.server import Server
+from minedraft.server_access import BindError, check_bind, is_loopback_endpoint, load_key, write_keypair
 
 # Every async test runs on the module's loop, so they share one Engine; sync tests need no loop.
 amod = pytest.mark.asyncio(loop_scope="module")
