@@ -180,21 +180,25 @@ class Client:
             raise P.error_from_reply(msg)
         return msg
 
-    async def _get(self, q: asyncio.Queue, timeout):
+    async def _exchange(self, msg: dict | None, reply, timeout, kind: str = ""):
+        """Send msg (if any), then await reply() (a queue's get, a future), all within one deadline: a send can
+        wait too (the socket's queue to an unreachable server fills up)."""
+        async def both():
+            if msg is not None:
+                await self.send_message(msg)
+            return await reply()
         try:
-            return await asyncio.wait_for(q.get(), timeout)
+            return await asyncio.wait_for(both(), timeout)
         except asyncio.TimeoutError:
-            raise TimeoutError(f"no reply from {self.endpoint} within {timeout} s") from None
+            raise TimeoutError(f"no {kind}reply from {self.endpoint} within {timeout} s") from None
 
     async def _control_call(self, kind: str, rid: str, timeout) -> dict:
         if (kind, rid) in self._control:
             raise P.DuplicateIdError(f"a {kind} for id {rid!r} is already pending on this client")
         fut = self._control[(kind, rid)] = asyncio.get_running_loop().create_future()
         try:
-            await self.send_message({"t": kind, "id": rid})
-            return self._check(await asyncio.wait_for(asyncio.shield(fut), self._timeout(timeout)))
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"no {kind} reply from {self.endpoint} within {self._timeout(timeout)} s") from None
+            return self._check(await self._exchange({"t": kind, "id": rid}, lambda: asyncio.shield(fut),
+                                                    self._timeout(timeout), kind + " "))
         finally:
             if self._control.get((kind, rid)) is fut:
                 del self._control[(kind, rid)]
@@ -221,8 +225,9 @@ class Client:
         rid, q = self._register(request_id)
         finished = False
         try:
-            await self.send_message({"t": "generate", "id": rid, "prompt": prompt, "params": _params(params)})
-            msg = self._check(await self._get(q, self._timeout(timeout)))
+            msg = self._check(await self._exchange(
+                {"t": "generate", "id": rid, "prompt": prompt, "params": _params(params)}, q.get,
+                self._timeout(timeout)))
             finished = True
             return P.result_from_reply(msg)
         except P.MinedraftError:
@@ -238,10 +243,11 @@ class Client:
         rid, q = self._register(request_id)
         finished = False
         try:
-            await self.send_message({"t": "stream", "id": rid, "prompt": prompt, "params": _params(params)})
+            send = {"t": "stream", "id": rid, "prompt": prompt, "params": _params(params)}
             while True:
                 try:
-                    msg = self._check(await self._get(q, self._timeout(timeout)))
+                    msg = self._check(await self._exchange(send, q.get, self._timeout(timeout)))
+                    send = None
                 except P.MinedraftError:
                     finished = True
                     raise

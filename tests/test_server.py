@@ -591,3 +591,20 @@ def test_protocol_helpers_roundtrip():
     assert P.peek_fields(msgpack.packb({"prompt": "x" * 1000, "id": "abc", "t": "stream"})) == \
         {"id": "abc", "t": "stream"}
     assert P.peek_fields(b"\xc1garbage") == {}
+
+
+@amod
+async def test_client_deadline_covers_the_send():
+    """With no server listening, the socket queues sends until its high-water mark (1000), then a send itself
+    waits: every call must still fail with TimeoutError within its deadline, not hang in the send."""
+    import socket
+    with socket.socket() as sk:  # a free port that nothing listens on
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    async with Client(f"tcp://127.0.0.1:{port}", timeout=0.5) as c:
+        calls = [c.health() for _ in range(1005)] + [c.stats(), c.generate("x", greedy(2)),
+                                                    _collect(c.stream("x", greedy(2)))]
+        t0 = time.monotonic()
+        got = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
+        assert all(isinstance(g, TimeoutError) for g in got), {type(g).__name__ for g in got}
+        assert time.monotonic() - t0 < 10
