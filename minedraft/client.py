@@ -40,8 +40,9 @@ class Client:
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, server_public_key=None,
                  client_public_key=None, client_secret_key=None, timeout: float | None = None,
                  context: zmq.asyncio.Context | None = None):
-        """timeout: seconds to wait for each reply (generate's result, each stream message, acks); None waits
-        forever. On timeout a generate/stream is cancelled on the server and TimeoutError is raised."""
+        """timeout: seconds to wait for each reply (generate's result, each stream message, acks), the request's
+        own send included; None waits forever. On timeout a generate/stream is cancelled on the server and
+        TimeoutError is raised."""
         from .server_access import coerce_key
         self.endpoint, self.timeout = endpoint, timeout
         self._server_key = coerce_key(server_public_key, "public") if server_public_key is not None else None
