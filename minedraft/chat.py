@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .errors import InvalidRequestError
+from .errors import InvalidRequestError, check_text
 from .sampling_params import SamplingParams, as_params
 
 ROLES = ("system", "user", "assistant")
@@ -50,7 +50,7 @@ def normalize_messages(messages) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise InvalidRequestError(f"messages[{i}].role must be one of {ROLES}, got {role!r:.40}")
-        out.append({"role": role, "content": _content(i, m)})
+        out.append({"role": role, "content": check_text(_content(i, m), f"messages[{i}].content")})
     return out
 
 

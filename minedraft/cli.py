@@ -206,9 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="admit only clients whose CURVE public key is listed: a file with one z85 key per line, "
                         "or a directory of key files (default: any client that knows the server key)")
     n.add_argument("--max-message-bytes", type=_positive_int, default=None, metavar="N",
-                   help="requests larger than this get a too_large error; ones over 4x this are dropped by "
-                        "ZeroMQ and their connection closed (default: sized to --max-prompt-tokens, "
-                        "64 bytes per token + 64 KiB)")
+                   help="requests larger than this get a too_large error (HTTP: 413); ZeroMQ messages over 4x "
+                        "this are dropped and their connection closed (default: sized to --max-prompt-tokens: "
+                        "ZeroMQ 64 bytes per token + 64 KiB; HTTP's JSON 96 bytes per token + 64 KiB, at "
+                        "least 1 MiB)")
     n.add_argument("--max-inflight-per-client", type=_positive_int, default=256, metavar="N",
                    help="requests one client may have running at once; beyond it: overloaded")
     n.add_argument("--max-queued-replies", type=_positive_int, default=DEFAULT_MAX_QUEUED_REPLIES, metavar="N",

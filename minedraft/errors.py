@@ -29,3 +29,14 @@ class RequestAbortedError(MinedraftError):
     """The request was cancelled before it finished."""
 
     code = "aborted"
+
+
+def check_text(text: str, what: str) -> str:
+    """text, if it is valid Unicode; else InvalidRequestError. A lone UTF-16 surrogate ("\\ud800") is a Python
+    str (JSON and the Python API can carry one) that no tokenizer or UTF-8 encoder accepts."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(f"{what} is not valid Unicode text: a lone UTF-16 surrogate "
+                                  f"(\\u{ord(text[e.start]):04x}) at character {e.start}") from None
+    return text

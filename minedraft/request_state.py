@@ -7,7 +7,7 @@ import time
 
 from .config import EngineConfig
 from .detokenize import IncrementalDetokenizer
-from .errors import InvalidRequestError
+from .errors import InvalidRequestError, check_text
 from .outputs import GenerationResult, RequestStats, StreamDelta
 from .sampling_params import SamplingParams, as_params
 from .workers.requests import NewRequest
@@ -24,6 +24,7 @@ def make_request(rid: int, prompt, params: SamplingParams | dict | None, tokeniz
         if len(prompt) > 16 * config.max_prompt_tokens:  # cheap guard before tokenizing a huge string
             raise InvalidRequestError(f"prompt is {len(prompt)} characters; the limit is about "
                                       f"{config.max_prompt_tokens} tokens")
+        check_text(prompt, "prompt")
         ids = tokenizer.encode(prompt)
     elif isinstance(prompt, (list, tuple)):
         ids = list(prompt)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from .errors import InvalidRequestError
+from .errors import InvalidRequestError, check_text
 
 
 GREEDY_BELOW = 1e-5
@@ -66,6 +66,7 @@ class SamplingParams:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 bad(f"stop strings must be non-empty str, got {s!r}")
+            check_text(s, "invalid SamplingParams: a stop string")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not (0 <= self.seed < 2**63)):
             bad(f"seed must be an int in [0, 2**63), got {self.seed!r}")

@@ -176,6 +176,7 @@ def test_disconnect_before_a_non_streamed_reply_aborts(srv):
     import socket
     from urllib.parse import urlsplit
     before = _wait_idle(srv)
+    errors_before = _http_count(srv, "/v1/completions", "500")
     u = urlsplit(srv.url)
     body = json.dumps({"prompt": PROMPT, "max_tokens": 500, "temperature": 0, "ignore_eos": True}).encode()
     with socket.create_connection((u.hostname, u.port)) as sock:
@@ -188,6 +189,13 @@ def test_disconnect_before_a_non_streamed_reply_aborts(srv):
     after = _wait_idle(srv)
     assert after["aborted"] == before["aborted"] + 1 and after["finished"] == before["finished"]
     assert after["kv_blocks_free"] == after["kv_blocks_total"]
+    assert _http_count(srv, "/v1/completions", "500") == errors_before  # a hang-up is not a server error
+
+
+def _http_count(srv, route, status) -> float:
+    fams = text_string_to_metric_families(httpx.get(srv.url + "/metrics").text)
+    return sum(s.value for f in fams for s in f.samples if s.name == "minedraft_http_requests_total"
+               and s.labels == {"route": route, "status": status})
 
 
 def _post(url, body, **kw):
@@ -210,16 +218,31 @@ def _error(r, status, type_=None):
     (b"{not json", None),
     ({"prompt": PROMPT, "n": 2}, "n"),
     ({"prompt": PROMPT, "temperature": "hot"}, "temperature"),
-    ({"prompt": PROMPT, "temperature": -1}, None),
-    ({"prompt": PROMPT, "max_tokens": 0}, None),
-    ({"prompt": PROMPT, "max_tokens": 100000}, None),
+    ({"prompt": PROMPT, "temperature": -1}, "temperature"),
+    ({"prompt": PROMPT, "top_p": 0}, "top_p"),
+    ({"prompt": PROMPT, "seed": -3}, "seed"),
+    ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
+    ({"prompt": PROMPT, "max_tokens": 100000}, "max_tokens"),    # over the engine's limit: the engine refuses
     ({"prompt": PROMPT, "logprobs": 3}, "logprobs"),
     ({"prompt": 42}, "prompt"),
-    ({"prompt": ""}, None),
-    ({"prompt": "", "stream": True}, None),  # refused by the engine before any event: a status, not a stream
-    ({"prompt": PROMPT, "max_tokens": 100000, "stream": True}, None),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": [10 ** 9]}, "prompt"),                          # a token id outside the vocabulary
+    ({"prompt": "", "stream": True}, "prompt"),  # refused by the engine before any event: a status, not a stream
+    ({"prompt": PROMPT, "max_tokens": 100000, "stream": True}, "max_tokens"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ([1, 2], None),
+    # fields it does not know are refused, not ignored: they may ask for something it does not do
+    ({"prompt": PROMPT, "min_p": 0.1}, "min_p"),
+    ({"prompt": PROMPT, "repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"prompt": PROMPT, "min_tokens": 4}, "min_tokens"),
+    ({"prompt": PROMPT, "max_token": 4}, "max_token"),
+    ({"prompt": PROMPT, "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+    ({"prompt": PROMPT, "stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage"),
+    ({"prompt": PROMPT, "top_k": -2}, "top_k"),
+    ({"prompt": PROMPT, "stop_token_ids": "x"}, "stop_token_ids"),
+    (b'{"prompt": "a\\ud800b"}', None),                # a lone surrogate: not text any tokenizer takes
+    (b'{"model": "\\ud800", "prompt": "a"}', None),
+    (b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", None),  # nested past json's recursion limit
 ])
 def test_completion_bad_requests_400(srv, body, param):
     err = _error(_post(srv.url + "/v1/completions", body), 400, "invalid_request_error")
@@ -236,10 +259,33 @@ def test_chat_max_completion_tokens(srv, client, model):
 
 
 @pytest.mark.parametrize("messages", [None, [], "hi", [{"role": "wizard", "content": "x"}], [{"role": "user"}],
-                                      [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]])
+                                      [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}],
+                                      [{"role": "user", "content": "a\ud800"}],
+                                      [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]])
 def test_chat_bad_messages_400(srv, messages):
+    """(also: content with a lone surrogate)"""
     body = {"max_tokens": 4} if messages is None else {"messages": messages, "max_tokens": 4}
     _error(_post(srv.url + "/v1/chat/completions", body), 400, "invalid_request_error")
+
+
+def test_harmless_fields_accepted_and_stop_token_ids_honoured(srv, client, model):
+    base = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    ref = _post(srv.url + "/v1/completions", base).json()
+    r = _post(srv.url + "/v1/completions", {**base, "user": "u1", "metadata": {"a": "b"}, "store": False,
+                                            "service_tier": "auto", "parallel_tool_calls": False})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == ref["choices"][0]["text"]
+    ids = srv.call(srv.engine.generate(PROMPT, {"max_tokens": 12, "temperature": 0, "ignore_eos": True})).token_ids
+    exp = srv.call(srv.engine.generate(PROMPT, {"max_tokens": 12, "temperature": 0, "stop_token_ids": [ids[4]]}))
+    assert exp.finish_reason == "stop" and len(exp.token_ids) <= 5
+    r = _post(srv.url + "/v1/completions", {**base, "ignore_eos": False, "stop_token_ids": [ids[4]]}).json()
+    assert r["choices"][0]["text"] == exp.text and r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == len(exp.token_ids)
+
+
+def test_model_retrieve(srv, client, model):
+    assert client.models.retrieve(model).id == model
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other-model")
 
 
 def test_openai_client_sees_status_errors(client, model):
@@ -371,3 +417,30 @@ def test_zz_worker_death_mid_stream_then_503(srv):
     health = httpx.get(srv.url + "/health")
     assert health.status_code == 503 and health.json()["verifier_alive"] is False
     assert "minedraft_engine_up 0.0" in httpx.get(srv.url + "/metrics").text
+
+
+def test_an_internal_error_is_a_500_reply_not_a_dropped_connection():
+    """A handler's unexpected error becomes a 500 JSON reply inside the app; left to Starlette's catch-all it
+    would be re-raised after the reply (the server then drops the keep-alive connection)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from minedraft.http.app import create_app
+
+    def broken():
+        raise RuntimeError("probe failed")
+    engine = SimpleNamespace(config=EngineConfig(), health=broken, step_stats=None)
+    app = create_app(engine)
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)  # raises whatever the app lets escape
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            return await c.get("/health")
+    r = asyncio.run(go())
+    assert r.status_code == 500 and "probe failed" in r.json()["error"]["message"]
+
+
+def test_default_body_limit_follows_the_prompt_limit():
+    from minedraft.http.app import body_limit_for
+    assert body_limit_for(768) == 1 << 20
+    assert body_limit_for(32768) == 96 * 32768 + (64 << 10)

@@ -358,6 +358,10 @@ def test_invalid_request_in_batch_fails_before_anything_runs(engines):
         e.generate(["Hello", ""], SamplingParams(max_tokens=4))
     with pytest.raises(InvalidRequestError):
         e.generate(["Hello"], SamplingParams(max_tokens=65))
+    with pytest.raises(InvalidRequestError, match="surrogate"):  # a str no tokenizer can encode
+        e.generate(["Hello", "a\ud800"], SamplingParams(max_tokens=4))
+    with pytest.raises(InvalidRequestError, match="surrogate"):
+        SamplingParams(stop=["\udc00"])
     assert_cache_empty(e)
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -27,14 +29,23 @@ from ..errors import EngineDeadError, InvalidRequestError, OverloadedError
 from . import openai_api as oa
 from .metrics import CONTENT_TYPE, Metrics
 
+log = logging.getLogger("minedraft.http")
 STATIC = Path(__file__).resolve().parent / "static"
-DEFAULT_MAX_BODY_BYTES = 1 << 20
+MIN_BODY_LIMIT = 1 << 20
+
+
+def body_limit_for(max_prompt_tokens: int) -> int:
+    """The default body limit: room for the longest prompt the engine accepts as JSON (16 characters per token,
+    each up to 6 bytes as a \\u escape) plus 64 KiB, and never below 1 MiB (pretty-printed bodies, many
+    messages)."""
+    from ..protocol import PROMPT_CHARS_PER_TOKEN
+    return max(MIN_BODY_LIMIT, 6 * PROMPT_CHARS_PER_TOKEN * max_prompt_tokens + (64 << 10))
 TIMELINE_WINDOW_S = 1.0
 
 
-def _engine_error(e: Exception) -> oa.APIError:
+def _engine_error(e: Exception, req: oa.ParsedRequest, chat: bool) -> oa.APIError:
     if isinstance(e, InvalidRequestError):
-        return oa.invalid(str(e))
+        return oa.engine_refusal(str(e), req, chat)
     if isinstance(e, OverloadedError):
         return oa.APIError(429, str(e), "rate_limit_error", "overloaded")
     if isinstance(e, EngineDeadError):
@@ -58,14 +69,39 @@ async def _until_disconnect(request: Request, aw):
             task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await watch
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.wait({task})  # a cancelled task ends once it has run its cancellation (the abort)
     if task.cancelled():
         raise oa.APIError(499, "client disconnected")  # nobody reads it; ends the handler
     return task.result()
 
 
+def _internal_error(exc: BaseException) -> JSONResponse:
+    return JSONResponse(oa.APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body(),
+                        status_code=500)
+
+
+def _guarded(handler):
+    """A route handler whose unexpected errors become a 500 reply here. Left to Starlette's catch-all, the
+    error is re-raised after the reply and the server drops the keep-alive connection without saying so, so a
+    client's next request on it fails."""
+    @functools.wraps(handler)
+    async def run(request: Request):
+        try:
+            return await handler(request)
+        except (oa.APIError, HTTPException, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return _internal_error(exc)
+    return run
+
+
 def create_app(engine, *, model_name: str | None = None, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+               max_body_bytes: int | None = None) -> Starlette:
     served = model_name or os.path.basename(os.path.normpath(engine.config.target))
+    if max_body_bytes is None:
+        max_body_bytes = body_limit_for(engine.config.max_prompt_tokens)
     metrics = Metrics(engine)
     created = int(time.time())
 
@@ -90,9 +126,13 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
                 raise oa.APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes",
                                   code="request_too_large")
         try:
-            return json.loads(body)
+            obj = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise oa.invalid(f"the request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise oa.invalid("the request body is nested too deeply") from None
+        oa.check_text(obj)
+        return obj
 
     async def completions(request: Request):
         check_key(request)
@@ -112,7 +152,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
         try:
             res = await _until_disconnect(request, run(req.prompt, req.params, request_id=rid))
         except (InvalidRequestError, OverloadedError, EngineDeadError) as e:
-            raise _engine_error(e) from None
+            raise _engine_error(e, req, chat) from None
         return JSONResponse((oa.chat_completion if chat else oa.completion)(rid, req.model, res))
 
     async def _stream(request: Request, deltas, rid: str, req: oa.ParsedRequest, chat: bool):
@@ -122,7 +162,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             first = await _until_disconnect(request, deltas.__anext__())
         except (InvalidRequestError, OverloadedError, EngineDeadError) as e:
             await deltas.aclose()
-            raise _engine_error(e) from None
+            raise _engine_error(e, req, chat) from None
         except BaseException:
             await deltas.aclose()
             raise
@@ -153,18 +193,26 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
                 if req.include_usage:
                     yield ev(oa.usage_chunk(rid, req.model, t, obj, final.stats))
             except (InvalidRequestError, OverloadedError, EngineDeadError) as e:
-                yield ev(_engine_error(e).body())  # headers are gone: report in-band, as OpenAI does
+                yield ev(_engine_error(e, req, chat).body())  # headers are gone: report in-band, as OpenAI does
             finally:
                 await deltas.aclose()  # aborts the request if we leave early (client gone)
             yield ServerSentEvent("[DONE]", sep="\n")
 
         return EventSourceResponse(events(), sep="\n", ping=15)
 
+    model_card = {"id": served, "object": "model", "created": created, "owned_by": "minedraft",
+                  "root": engine.config.target}
+
     async def models(request: Request):
         check_key(request)
-        return JSONResponse({"object": "list", "data": [
-            {"id": served, "object": "model", "created": created, "owned_by": "minedraft",
-             "root": engine.config.target}]})
+        return JSONResponse({"object": "list", "data": [model_card]})
+
+    async def model(request: Request):
+        check_key(request)
+        if request.path_params["model"] != served:
+            raise oa.APIError(404, f"The model '{request.path_params['model']}' does not exist; this server serves "
+                                   f"'{served}'", code="model_not_found", param="model")
+        return JSONResponse(model_card)
 
     async def health(request: Request):
         h = engine.health()
@@ -194,16 +242,16 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
                                         type_).body(), status_code=exc.status_code)
 
     async def server_error(request: Request, exc: Exception):
-        return JSONResponse(oa.APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body(),
-                            status_code=500)
+        return _internal_error(exc)
 
     routes = [
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
-        Route("/dashboard/timeline", timeline, methods=["GET"]),
+        Route("/v1/completions", _guarded(completions), methods=["POST"]),
+        Route("/v1/chat/completions", _guarded(chat), methods=["POST"]),
+        Route("/v1/models", _guarded(models), methods=["GET"]),
+        Route("/v1/models/{model:path}", _guarded(model), methods=["GET"]),
+        Route("/health", _guarded(health), methods=["GET"]),
+        Route("/metrics", _guarded(metrics_endpoint), methods=["GET"]),
+        Route("/dashboard/timeline", _guarded(timeline), methods=["GET"]),
         Route("/", index, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
@@ -226,8 +274,9 @@ class _CountStatus:
             return await self.app(scope, receive, send)
         path = scope["path"]
         route = path if path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-                                 "/", "/dashboard/timeline") else ("/static" if path.startswith("/static/")
-                                                                   else "other")
+                                 "/", "/dashboard/timeline") else (
+            "/static" if path.startswith("/static/") else "/v1/models/{model}" if path.startswith("/v1/models/")
+            else "other")
 
         async def counting_send(msg):
             if msg["type"] == "http.response.start":

@@ -1,8 +1,9 @@
 """OpenAI request bodies -> (prompt, SamplingParams), and engine output -> OpenAI response and chunk objects.
 
 Only what minedraft can honour is accepted: a field that asks for something it does not do (n > 1, logprobs,
-penalties, tools, ...) is refused with a 400 naming it, rather than silently ignored. Unknown fields that do
-not change the output (user, metadata, ...) are ignored, as OpenAI-compatible servers usually do.
+penalties, tools, ...) is refused with a 400 naming it, rather than silently ignored, and so is a field this
+module does not know (as OpenAI does: a misspelt or newer option must not pass as honoured). Fields that never
+change the output (user, metadata, store, ...) are accepted and ignored.
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ _UNSUPPORTED = {"best_of": (None, 1), "echo": (None, False), "logprobs": (None, 
                 "response_format": (None, {"type": "text"})}
 
 
+# accepted and honoured (both endpoints; prompt / messages checked per endpoint)
+_HONOURED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+             "seed", "stop", "stop_token_ids", "ignore_eos", "n", "stream", "stream_options"}
+# accepted and ignored: they never change the output (parallel_tool_calls only matters with tools, refused)
+_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
+            "safety_identifier"}
+_KNOWN = _HONOURED | _IGNORED | set(_UNSUPPORTED)
+_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "max_tokens", "stop_token_ids", "stop", "seed", "ignore_eos")
+
+
 @dataclass
 class ParsedRequest:
     prompt: object              # str or token ids (completions) / messages (chat)
@@ -48,6 +59,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     model: str
+    max_name: str = "max_tokens"   # the field the client gave its limit in (max_completion_tokens in newer chat)
 
 
 def _get(body: dict, name: str, types, default=None):
@@ -61,7 +73,7 @@ def _get(body: dict, name: str, types, default=None):
     return v
 
 
-def _common(body: dict, served: str, default_max_tokens: int) -> tuple[SamplingParams, bool, bool, str]:
+def _common(body: dict, served: str, default_max_tokens: int) -> tuple[SamplingParams, bool, bool, str, str]:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     model = body.get("model", served)
@@ -73,12 +85,14 @@ def _common(body: dict, served: str, default_max_tokens: int) -> tuple[SamplingP
     for name, ok in _UNSUPPORTED.items():
         if name in body and body[name] not in ok:
             raise invalid(f"'{name}' is not supported by minedraft", name)
+    for name in body:
+        if name not in _KNOWN:
+            raise invalid(f"unrecognized request argument '{name}': minedraft does not support it", name)
     n = _get(body, "n", int, 1)
     if n != 1:
         raise invalid(f"only n=1 is supported, got n={n}", "n")
-    max_tokens = _get(body, "max_completion_tokens", int)  # the newer name for chat
-    if max_tokens is None:
-        max_tokens = _get(body, "max_tokens", int, default_max_tokens)
+    max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _get(body, max_name, int, default_max_tokens)  # max_completion_tokens: the newer name (chat)
     stop = body.get("stop")
     if stop is None:
         stop = ()
@@ -87,23 +101,34 @@ def _common(body: dict, served: str, default_max_tokens: int) -> tuple[SamplingP
     elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise invalid("'stop' must be a string or a list of strings", "stop")
     top_k = _get(body, "top_k", int, 0)
+    if top_k < -1:
+        raise invalid(f"'top_k' must be -1 or 0 (off) or a positive int, got {top_k}", "top_k")
     stream = _get(body, "stream", bool, False)
-    opts = _get(body, "stream_options", dict, {})
-    include_usage = bool(opts.get("include_usage", False))
+    opts = _get(body, "stream_options", dict, None)
+    if opts is not None and not stream:
+        raise invalid("'stream_options' is only allowed with 'stream': true", "stream_options")
+    opts = opts or {}
+    for name in opts:
+        if name != "include_usage":
+            raise invalid(f"unrecognized stream option '{name}'", "stream_options")
+    include_usage = _get(opts, "include_usage", bool, False)
+    stop_ids = _get(body, "stop_token_ids", list, [])
     try:
         params = SamplingParams(
             temperature=_get(body, "temperature", (int, float), 1.0),  # OpenAI's default
             top_p=_get(body, "top_p", (int, float), 1.0),
             top_k=0 if top_k == -1 else top_k,  # -1 also means "off" in vLLM's extension
-            max_tokens=max_tokens, stop=tuple(s for s in stop if s), seed=_get(body, "seed", int),
-            ignore_eos=_get(body, "ignore_eos", bool, False))
+            max_tokens=max_tokens, stop=tuple(s for s in stop if s), stop_token_ids=stop_ids,
+            seed=_get(body, "seed", int), ignore_eos=_get(body, "ignore_eos", bool, False))
     except InvalidRequestError as e:
-        raise invalid(str(e).replace("invalid SamplingParams: ", "")) from None
-    return params, stream, include_usage, model
+        msg = str(e).replace("invalid SamplingParams: ", "")
+        field = next((f for f in _SAMPLING_FIELDS if msg.startswith(f + " ")), None)
+        raise invalid(msg, max_name if field == "max_tokens" else field) from None
+    return params, stream, include_usage, model, max_name
 
 
 def parse_completion(body: dict, served: str) -> ParsedRequest:
-    params, stream, usage, model = _common(body, served, COMPLETION_DEFAULT_MAX_TOKENS)
+    params, stream, usage, model, max_name = _common(body, served, COMPLETION_DEFAULT_MAX_TOKENS)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -111,14 +136,47 @@ def parse_completion(body: dict, served: str) -> ParsedRequest:
         raise invalid("only one prompt per request is supported (n=1, no batched prompts)", "prompt")
     if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt))):
         raise invalid("'prompt' must be a string or a list of token ids", "prompt")
-    return ParsedRequest(prompt, params, stream, usage, model)
+    return ParsedRequest(prompt, params, stream, usage, model, max_name)
 
 
 def parse_chat(body: dict, served: str, default_max_tokens: int) -> ParsedRequest:
-    params, stream, usage, model = _common(body, served, default_max_tokens)
+    params, stream, usage, model, max_name = _common(body, served, default_max_tokens)
     if "messages" not in body:
         raise invalid("'messages' is required", "messages")
-    return ParsedRequest(body["messages"], params, stream, usage, model)
+    return ParsedRequest(body["messages"], params, stream, usage, model, max_name)
+
+
+def engine_refusal(message: str, req: ParsedRequest, chat: bool) -> APIError:
+    """The engine's InvalidRequestError as a 400 naming the field it is about (the engine's messages start with
+    the name: 'prompt has 900 tokens...', 'max_tokens=600 exceeds...', 'messages[0].role ...')."""
+    if message.startswith("prompt"):
+        param = "messages" if chat else "prompt"
+    elif message.startswith("max_tokens"):
+        param = req.max_name
+    elif message.startswith(("messages", "the chat template")):
+        param = "messages"
+    else:
+        param = None
+    return invalid(message, param)
+
+
+def check_text(body) -> None:
+    """Refuse a body holding a string that is not valid Unicode (a lone UTF-16 surrogate such as "\\ud800",
+    which JSON can carry and Python accepts, but no tokenizer or UTF-8 reply can)."""
+    stack = [body]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, str):
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise invalid(f"the request holds a lone UTF-16 surrogate (\\u{ord(x[e.start]):04x}), which is "
+                              "not valid Unicode text") from None
 
 
 # -- responses -------------------------------------------------------------------------------------------------

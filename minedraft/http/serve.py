@@ -105,7 +105,7 @@ async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, a
     `ready(lines)` gets one 'listening on ...' line per server once both serve."""
     from ..engine import Engine
     from ..server import Server, check_bind
-    from .app import DEFAULT_MAX_BODY_BYTES, create_app
+    from .app import create_app
 
     sock = bind_socket(http, allow_remote)
     zserver = None
@@ -125,7 +125,7 @@ async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, a
     try:
         async with Engine(engine_config) as engine:
             app = create_app(engine, model_name=model_name, api_key=api_key,
-                             max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+                             max_body_bytes=max_body_bytes)
             hserver = HTTPServer(app, sock, log_level)
             await hserver.start()
             lines = [f"listening on {hserver.url}"]
