@@ -119,8 +119,7 @@ class Engine:
         nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab)
         # a feature-conditioned draft gets the target's features back with each verdict (ipc/tensors.py)
         from .workers.model_runner import FEATURE_FILE
-        feat_nbytes = feature_slot_nbytes(cfg.kv_cache_tokens, _hidden_size(cfg.target),
-                                          4 if cfg.dtype == "float32" else 2) if (
+        feat_nbytes = feature_slot_nbytes(cfg, _hidden_size(cfg.target)) if (
             k and os.path.exists(os.path.join(cfg.draft, FEATURE_FILE))) else 0
         if not draft_dev.startswith("cuda"):
             self._shm = create_shm(2, nbytes)

@@ -33,7 +33,13 @@ def test_feature_slots_round_trip_ragged_rows():
     their dtype; a verdict bigger than the slot is refused, not written past its end."""
     from minedraft.ipc.tensors import FeatureSlots, feature_slot_nbytes
 
-    shm = create_shm(2, feature_slot_nbytes(10, 8))
+    from minedraft.config import EngineConfig
+    assert feature_slot_nbytes(EngineConfig(max_batch_size=2, max_prompt_tokens=64, max_tokens_limit=32, k=3),
+                               8) == 2 * (64 + 32 + 3 + 1) * 8 * 4  # the rows' lives, not the 65,536-token cache
+    cfg = EngineConfig(max_batch_size=4, max_prompt_tokens=8, max_tokens_limit=8, kv_cache_tokens=32,
+                       block_size=2, k=1)
+    assert feature_slot_nbytes(cfg, 8) == 32 * 8 * 4  # here the cache is the tighter bound
+    shm = create_shm(2, 10 * 8 * 4)
     try:
         names = [s.name for s in shm]
         producer, consumer = FeatureSlots.attach_shm(names), FeatureSlots.attach_shm(names)

@@ -44,10 +44,14 @@ def destroy_shm(segments) -> None:
             pass
 
 
-def feature_slot_nbytes(kv_cache_tokens: int, hidden: int, itemsize: int = 4) -> int:
-    """A verdict carries at most one feature per cached position of its batch's rows (a lease's steps included:
-    no row joins a batch while it is leased), so the whole cache bounds it."""
-    return kv_cache_tokens * hidden * itemsize
+def feature_slot_nbytes(cfg, hidden: int) -> int:
+    """A verdict carries each position's feature once, when the verifier keeps it (a lease's steps included: no
+    row joins a batch while it is leased). So it holds at most what its rows can cache (the KV cache bounds
+    it) and at most every row's whole life, prompt and output (max_batch_size rows of max_prompt_tokens +
+    max_tokens_limit, and the drafts of one step): on a big cache the second bound is far tighter."""
+    rows = cfg.max_batch_size * (cfg.max_prompt_tokens + cfg.max_tokens_limit + cfg.max_draft + 1)
+    itemsize = 4 if cfg.dtype == "float32" else 2
+    return min(cfg.kv_cache_tokens, rows) * hidden * itemsize
 
 
 class _Slots:
