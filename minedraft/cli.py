@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import os
 import re
-import signal
 import sys
 import time
 
@@ -131,6 +130,14 @@ def _engine_kw(a) -> dict:
                 target_tp=a.target_tp, draft_tp=a.draft_tp)
 
 
+def _lazy(name: str):
+    """A subcommand defined in cli_serve.py, imported when it runs."""
+    def run(a) -> int:
+        from . import cli_serve
+        return getattr(cli_serve, name)(a)
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, formatter_class=_Formatter,
                                 description="Batch-parallel speculative decoding: draft one batch while verifying "
@@ -229,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="log verbosity (stderr)")
     x.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop instead of uvloop")
-    v.set_defaults(func=cmd_serve)
+    v.set_defaults(func=_lazy("cmd_serve"))
 
     # keygen ---------------------------------------------------------------------------------------------------
     k = sub.add_parser("keygen", formatter_class=_Formatter, help="make a CURVE keypair for serve / clients",
@@ -240,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--out-dir", default=".", metavar="DIR", help="directory to write the two files into")
     k.add_argument("--name", default="server", help="file name stem")
     k.add_argument("--force", action="store_true", help="overwrite existing files")
-    k.set_defaults(func=cmd_keygen)
+    k.set_defaults(func=_lazy("cmd_keygen"))
 
     # models ---------------------------------------------------------------------------------------------------
     from .cli_models import add_parser as add_models_parser
@@ -369,100 +376,6 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-
-# -- serve ------------------------------------------------------------------------------------------------------
-def cmd_serve(a) -> int:
-    import logging
-    if a.http is not None:
-        return _serve_http(a)
-    if a.bind is None:
-        a.bind = ZMQ_DEFAULT_BIND
-
-    from .server import BindError, check_bind, serve
-    from .errors import MinedraftError
-    logging.basicConfig(level=getattr(logging, a.log_level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        check_bind(a.bind, a.allow_remote)  # before anything slow
-        cfg = EngineConfig(**_engine_kw(a), max_tokens_limit=a.max_tokens_limit, max_batch_size=a.max_batch_size,
-                           kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue)
-    except (BindError, ValueError) as e:
-        return _fail(_name_options(str(e)))
-    _quiet_libraries()
-
-    def ready(server):
-        extra = f" (CURVE, server public key {server.public_key})" if server.public_key else ""
-        print(f"listening on {server.endpoint}{extra}", flush=True)
-
-    try:
-        sig = _run_async(serve(cfg, a.bind, ready=ready, allow_remote=a.allow_remote,
-                               curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
-                               curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
-                               max_inflight_per_client=a.max_inflight_per_client,
-                               max_queued_replies=a.max_queued_replies), not a.no_uvloop)
-    except (BindError, ValueError, MinedraftError) as e:
-        return _fail(str(e), 1)
-    except Exception as e:
-        logging.getLogger("minedraft.server").debug("serve failed", exc_info=True)
-        return _fail(f"{type(e).__name__}: {e}", 1)
-    if sig == signal.SIGINT:
-        raise KeyboardInterrupt  # stopped cleanly by Ctrl-C: main() reports it like any other interrupt
-    return 0
-
-
-def _serve_http(a) -> int:
-    import logging
-
-    from .errors import MinedraftError
-    from .http.serve import HTTPBindError, bind_socket
-    from .server_access import BindError, check_bind
-    logging.basicConfig(level=getattr(logging, a.log_level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:  # addresses first: a refused or busy one fails before the models load
-        bind_socket(a.http, a.allow_remote).close()
-        if a.bind is not None:
-            check_bind(a.bind, a.allow_remote)
-        cfg = EngineConfig(**_engine_kw(a), max_tokens_limit=a.max_tokens_limit, max_batch_size=a.max_batch_size,
-                           kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue)
-    except (HTTPBindError, BindError, ValueError) as e:
-        return _fail(str(e))
-    _quiet_libraries()
-    from .http.serve import serve_http
-
-    def ready(lines):
-        print("\n".join(lines), flush=True)
-
-    api_key = a.api_key if a.api_key is not None else os.environ.get("MINEDRAFT_API_KEY") or None
-    try:
-        # a named pair (--model, where the CLI has it) is also the id clients send
-        model_name = a.model_name or getattr(a, "model", None)
-        _run_async(serve_http(cfg, a.http, zmq_bind=a.bind, api_key=api_key, model_name=model_name,
-                              allow_remote=a.allow_remote, ready=ready, max_body_bytes=a.max_message_bytes,
-                              log_level="warning" if a.log_level == "info" else a.log_level,
-                              curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
-                              curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
-                              max_inflight_per_client=a.max_inflight_per_client), not a.no_uvloop)
-    except (HTTPBindError, BindError, ValueError, MinedraftError) as e:
-        return _fail(str(e), 1)
-    except Exception as e:
-        logging.getLogger("minedraft.http").debug("serve failed", exc_info=True)
-        return _fail(f"{type(e).__name__}: {e}", 1)
-    return 0
-
-
-# -- keygen -----------------------------------------------------------------------------------------------------
-def cmd_keygen(a) -> int:
-    from .server_access import write_keypair
-    os.makedirs(a.out_dir, exist_ok=True)
-    secret = os.path.join(a.out_dir, f"{a.name}.secret")
-    public = os.path.join(a.out_dir, f"{a.name}.public")
-    try:
-        key = write_keypair(secret, public, force=a.force)
-    except (FileExistsError, OSError) as e:
-        return _fail(str(e), 1)
-    print(f"secret key: {secret}\npublic key: {public}\n{key}")
-    return 0
 
 
 # -- bench ------------------------------------------------------------------------------------------------------
