@@ -120,14 +120,21 @@ def encode(msg: dict) -> bytes:
     return msgpack.packb(msg, use_bin_type=True)
 
 
+def _str_keys(pairs) -> dict:
+    for k, _ in pairs:
+        if not isinstance(k, str):
+            raise ValueError(f"map keys must be strings, got a {type(k).__name__} key")
+    return dict(pairs)
+
+
 def decode(data: bytes) -> Any:
     """Decode one frame. Raises BadMessageError for anything that is not exactly one well-formed msgpack object.
 
-    Map keys must be strings (strict_map_key); strings must be valid UTF-8; nesting is bounded by msgpack's
-    own stack limit; container lengths are bounded by the frame size.
+    Map keys must be strings (str: msgpack's strict_map_key also lets bin through); strings must be valid UTF-8;
+    nesting is bounded by msgpack's own stack limit; container lengths are bounded by the frame size.
     """
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True, object_pairs_hook=_str_keys)
     except Exception as e:  # ExtraData, FormatError, StackError, UnicodeDecodeError, ValueError, ...
         raise BadMessageError(f"not a single well-formed msgpack object: {type(e).__name__}: {e}"[:300]) from None
 
@@ -194,7 +201,7 @@ def parse_request(obj: Any, max_prompt_tokens: int | None = None) -> Request:
         raise RequestError(BAD_MESSAGE, "field 't' (message type) must be a string", rid)
     re_t = t if t in REQUEST_TYPES else None
     v = obj.get("v")
-    if isinstance(v, bool) or v != VERSION:
+    if isinstance(v, bool) or not isinstance(v, int) or v != VERSION:  # 1.0 is not 1: a float is a client bug
         raise RequestError(UNSUPPORTED_VERSION, f"field 'v' must be {VERSION}, got {_short(v)}", rid, re_t)
     if t not in REQUEST_TYPES:
         raise RequestError(UNKNOWN_TYPE, f"unknown message type {t[:64]!r}; expected one of "

@@ -212,8 +212,9 @@ class Server:
             self.ctx = None
 
     # -- I/O -------------------------------------------------------------------------------------------------
-    def _send(self, ident: bytes, msg: dict) -> bool:
-        """Send one reply now. False when the client is gone (then its requests are cancelled)."""
+    def _send(self, ident: bytes, msg: dict, delimiter: bool = False) -> bool:
+        """Send one reply now. False when the client is gone (then its requests are cancelled). delimiter: put an
+        empty frame before it, as a REQ socket needs (only for the error that says REQ is not supported)."""
         if self.sock is None or self.sock.closed:
             return False
         try:
@@ -221,7 +222,7 @@ class Server:
         except Exception as e:  # cannot happen for our own replies; never let it escape
             log.exception("cannot encode reply")
             data = P.encode(P.error_reply(P.echo_id(msg.get("id")), P.INTERNAL, f"cannot encode reply: {e}"))
-        fut = self.sock.send_multipart([ident, data], flags=zmq.NOBLOCK)
+        fut = self.sock.send_multipart([ident, b"", data] if delimiter else [ident, data], flags=zmq.NOBLOCK)
         err = fut.exception() if fut.done() else None
         if err is None:
             self.stats.replies += 1
@@ -239,9 +240,10 @@ class Server:
             log.warning("send to client failed: %s", err)
         return False
 
-    def _error(self, ident: bytes, id, code: str, message: str, re: str | None = None) -> None:
+    def _error(self, ident: bytes, id, code: str, message: str, re: str | None = None,
+               delimiter: bool = False) -> None:
         log.debug("client %s: %s: %s", ident.hex(), code, message)
-        self._send(ident, P.error_reply(id, code, message, re))
+        self._send(ident, P.error_reply(id, code, message, re), delimiter)
 
     def _drop_client(self, ident: bytes, slow: bool = False) -> None:
         if slow:
@@ -318,11 +320,13 @@ class Server:
                 return
             del self._dropped[ident]
         if len(payload) != 1:
-            peek = P.peek_fields(payload[-1]) if payload and len(payload[-1]) <= self.hard_limit else {}
+            # the id of the first frame that holds one; a REQ socket (["", payload]) gets the reply in its own
+            # envelope, so that it can read it at all
+            peek = next((p for p in map(P.peek_fields, (f for f in payload if len(f) <= self.hard_limit)) if p), {})
             return self._error(ident, peek.get("id"), P.BAD_MESSAGE,
                                f"a message must be exactly one frame after the routing identity, got "
                                f"{len(payload)} (DEALER clients send the msgpack map alone, with no empty "
-                               "delimiter frame)", _re(peek))
+                               "delimiter frame)", _re(peek), delimiter=len(payload) == 2 and payload[0] == b"")
         data = payload[0]
         if len(data) > self.max_message_bytes:
             peek = P.peek_fields(data)

@@ -139,3 +139,10 @@ def test_tetris_and_dynamic_flags_reach_the_config(tiny_pair):
     plain = cli._generate_config(cli.build_parser().parse_args(["generate", "x", "--target", tiny_pair.target,
                                                                  "--draft", tiny_pair.draft]))
     assert (plain.tetris, plain.adaptive_k, plain.max_draft) == (False, False, plain.k)
+
+
+def test_python_dash_m_runs_the_cli():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "minedraft", "--version"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("minedraft"), (r.stdout, r.stderr)

@@ -255,11 +255,14 @@ BAD = {
     "not a map (array)": (msgpack.packb([1, 2, 3]), "bad_message", None),
     "not a map (string)": (msgpack.packb("generate"), "bad_message", None),
     "non-string keys": (msgpack.packb({1: 2, "t": "generate"}), "bad_message", None),
+    "bin keys": (msgpack.packb({b"v": 1, "t": "health", "id": "x"}, use_bin_type=True), "bad_message", "x"),
+    "bin key in params": (msgpack.packb(_req(params={b"max_tokens": 2}), use_bin_type=True), "bad_message", "x"),
     "invalid utf-8": (b"\x81\xa1t\xa2\xff\xfe", "bad_message", None),
     "no type": (_req(t=None), "bad_message", "x"),
     "type not a string": (_req(t=5), "bad_message", "x"),
     "unknown type": (_req(t="frobnicate"), "unknown_type", "x"),
     "wrong version": (_req(v=2), "unsupported_version", "x"),
+    "version a float": (_req(v=1.0), "unsupported_version", "x"),
     "missing version": ({"t": "health", "id": "x"}, "unsupported_version", "x"),
     "id not a string": (_req(id=17), "invalid_request", 17),
     "id missing": ({"v": 1, "t": "generate", "prompt": "a"}, "invalid_request", None),
@@ -339,9 +342,27 @@ async def test_duplicate_id_is_rejected_and_original_continues(raw, engine):
 
 @amod
 async def test_multipart_and_req_style_framing_rejected(raw, server, engine):
-    await raw.sock.send_multipart([b"", msgpack.packb(_req())])
+    await raw.sock.send_multipart([b"", msgpack.packb(_req())])  # REQ's envelope: the error comes back in it
+    empty, data = await asyncio.wait_for(raw.sock.recv_multipart(), REPLY_TIMEOUT)
+    reply = msgpack.unpackb(data)
+    assert empty == b"" and reply["code"] == "bad_message" and "delimiter" in reply["message"]
+    assert reply["id"] == "x" and reply["re"] == "generate"
+    await raw.sock.send_multipart([msgpack.packb(_req(id="y")), b"extra"])  # the id is read from either frame
     reply = await raw.recv()
-    assert reply["code"] == "bad_message" and "delimiter" in reply["message"] and reply["id"] == "x"
+    assert reply["code"] == "bad_message" and reply["id"] == "y"
+    # a real REQ socket can read its error (it drops any reply without the delimiter, and would wait forever)
+    ctx = zmq.asyncio.Context()
+    req = ctx.socket(zmq.REQ)
+    req.setsockopt(zmq.LINGER, 0)
+    req.connect(server.endpoint)
+    try:
+        await req.send(msgpack.packb({"v": 1, "t": "health", "id": "q"}))
+        assert await req.poll(int(REPLY_TIMEOUT * 1000)), "a REQ client got no reply"
+        reply = msgpack.unpackb(await req.recv())
+        assert reply["code"] == "bad_message" and reply["id"] == "q"
+    finally:
+        req.close(linger=0)
+        ctx.term()
     await assert_serves(server, engine)
 
 
