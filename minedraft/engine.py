@@ -27,6 +27,7 @@ from .cores import resolve as resolve_cores
 from .errors import EngineDeadError
 from .ipc.tensors import create_shm, destroy_shm, feature_slot_nbytes, slot_nbytes
 from .outputs import GenerationResult, StreamDelta
+from .protocol import PROMPT_CHARS_PER_TOKEN
 from .sampling_params import SamplingParams
 from .step_stats import StepStats
 from .workers.drafter_process import drafter_main
@@ -318,7 +319,8 @@ class Engine:
             raise EngineDeadError("engine not started")
         if not hasattr(self, "_eot"):  # read from the template once, on the first chat
             self._eot = end_of_turn_id(self.tokenizer)
-        ids = chat_prompt_ids(self.tokenizer, messages, max_chars=16 * self.config.max_prompt_tokens)
+        ids = chat_prompt_ids(self.tokenizer, messages,
+                              max_chars=PROMPT_CHARS_PER_TOKEN * self.config.max_prompt_tokens)
         return ids, chat_params(params, self._eot)
 
     async def chat(self, messages, params: SamplingParams | dict | None = None,

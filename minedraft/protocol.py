@@ -127,14 +127,16 @@ def _str_keys(pairs) -> dict:
     return dict(pairs)
 
 
-def decode(data: bytes) -> Any:
+def decode(data: bytes, str_keys: bool = False) -> Any:
     """Decode one frame. Raises BadMessageError for anything that is not exactly one well-formed msgpack object.
 
-    Map keys must be strings (str: msgpack's strict_map_key also lets bin through); strings must be valid UTF-8;
-    nesting is bounded by msgpack's own stack limit; container lengths are bounded by the frame size.
+    Map keys must be str or bin (strict_map_key); with str_keys (the server, on requests) str only, at a cost
+    per map that replies, decoded by clients on every delta, need not pay. Strings must be valid UTF-8; nesting
+    is bounded by msgpack's own stack limit; container lengths are bounded by the frame size.
     """
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True, object_pairs_hook=_str_keys)
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True,
+                               object_pairs_hook=_str_keys if str_keys else None)
     except Exception as e:  # ExtraData, FormatError, StackError, UnicodeDecodeError, ValueError, ...
         raise BadMessageError(f"not a single well-formed msgpack object: {type(e).__name__}: {e}"[:300]) from None
 

@@ -9,6 +9,7 @@ from .config import EngineConfig
 from .detokenize import IncrementalDetokenizer
 from .errors import InvalidRequestError, check_text
 from .outputs import GenerationResult, RequestStats, StreamDelta
+from .protocol import PROMPT_CHARS_PER_TOKEN
 from .sampling_params import SamplingParams, as_params
 from .workers.requests import NewRequest
 from .workers.verifier import StepResult
@@ -21,7 +22,7 @@ def make_request(rid: int, prompt, params: SamplingParams | dict | None, tokeniz
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("prompt is empty")
-        if len(prompt) > 16 * config.max_prompt_tokens:  # cheap guard before tokenizing a huge string
+        if len(prompt) > PROMPT_CHARS_PER_TOKEN * config.max_prompt_tokens:  # cheap guard before tokenizing a huge string
             raise InvalidRequestError(f"prompt is {len(prompt)} characters; the limit is about "
                                       f"{config.max_prompt_tokens} tokens")
         check_text(prompt, "prompt")

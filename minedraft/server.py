@@ -322,7 +322,8 @@ class Server:
         if len(payload) != 1:
             # the id of the first frame that holds one; a REQ socket (["", payload]) gets the reply in its own
             # envelope, so that it can read it at all
-            peek = next((p for p in map(P.peek_fields, (f for f in payload if len(f) <= self.hard_limit)) if p), {})
+            peek = next((p for p in map(P.peek_fields, (f for f in payload if len(f) <= self.hard_limit))
+                         if "id" in p), {})
             return self._error(ident, peek.get("id"), P.BAD_MESSAGE,
                                f"a message must be exactly one frame after the routing identity, got "
                                f"{len(payload)} (DEALER clients send the msgpack map alone, with no empty "
@@ -333,7 +334,7 @@ class Server:
             return self._error(ident, peek.get("id"), P.TOO_LARGE,
                                f"message is {len(data)} bytes; the limit is {self.max_message_bytes}", _re(peek))
         try:
-            obj = P.decode(data)
+            obj = P.decode(data, str_keys=True)
         except P.BadMessageError as e:
             peek = P.peek_fields(data)
             return self._error(ident, peek.get("id"), P.BAD_MESSAGE, str(e), _re(peek))
@@ -368,7 +369,8 @@ class Server:
         s["server"] = {"connections": self._connections, "clients": len(self._clients),
                        "inflight": sum(map(len, self._clients.values())),
                        "received": st.received, "replies": st.replies, "requests": st.requests,
-                       "errors": dict(st.errors), "clients_dropped": st.clients_dropped,
+                       "errors": {c: st.errors.get(c, 0) for c in P.ERROR_CODES},
+                       "clients_dropped": st.clients_dropped,
                        "slow_clients_dropped": st.slow_clients_dropped, "discarded": st.discarded,
                        "uptime_s": time.time() - self.started_at, "max_message_bytes": self.max_message_bytes,
                        "max_inflight_per_client": self.max_inflight, "max_queued_replies": self.max_queued_replies}

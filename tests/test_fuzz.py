@@ -465,8 +465,9 @@ def test_bytes_keys_are_bad_message_on_the_wire_and_invalid_in_the_api():
     """PROTOCOL.md: map keys are strings. A bin key anywhere (msgpack's strict_map_key lets bin through) is
     refused at decoding; the Python API refuses one in params as an invalid request."""
     with pytest.raises(P.BadMessageError, match="keys must be strings"):
-        P.decode(P.encode({"v": 1, "t": "generate", "id": "r", "prompt": "hi", "params": {b"a": 1, "b": 2}}))
+        P.decode(P.encode({"v": 1, "t": "generate", "id": "r", "prompt": "hi", "params": {b"a": 1, "b": 2}}),
+                 str_keys=True)
     with pytest.raises(P.BadMessageError):
-        P.decode(P.encode({b"v": 1, "t": "health", "id": "r"}))
+        P.decode(P.encode({b"v": 1, "t": "health", "id": "r"}), str_keys=True)
     with pytest.raises(InvalidRequestError):
         SamplingParams.from_dict({b"a": 1, "b": 2})

@@ -236,6 +236,8 @@ def _error(r, status, type_=None):
     ({"prompt": PROMPT, "repetition_penalty": 1.2}, "repetition_penalty"),
     ({"prompt": PROMPT, "min_tokens": 4}, "min_tokens"),
     ({"prompt": PROMPT, "max_token": 4}, "max_token"),
+    ({"prompt": PROMPT, "messages": [{"role": "user", "content": "x"}]}, "messages"),  # the other endpoint's
+    ({"prompt": PROMPT, "stream": True, "stream_options": {"include_usage": True, "x": 1}}, "stream_options"),
     ({"prompt": PROMPT, "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
     ({"prompt": PROMPT, "stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage"),
     ({"prompt": PROMPT, "top_k": -2}, "top_k"),
@@ -272,8 +274,18 @@ def test_harmless_fields_accepted_and_stop_token_ids_honoured(srv, client, model
     base = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
     ref = _post(srv.url + "/v1/completions", base).json()
     r = _post(srv.url + "/v1/completions", {**base, "user": "u1", "metadata": {"a": "b"}, "store": False,
-                                            "service_tier": "auto", "parallel_tool_calls": False})
+                                            "service_tier": "auto", "parallel_tool_calls": False,
+                                            "prompt_cache_retention": "24h",
+                                            # vLLM-style extensions at the values that change nothing
+                                            "repetition_penalty": 1.0, "min_p": 0, "min_tokens": 0,
+                                            "skip_special_tokens": True, "frequency_penalty": 0})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == ref["choices"][0]["text"]
+    r = _post(srv.url + "/v1/completions", {**base, "stream": True,
+                                            "stream_options": {"include_usage": True, "include_obfuscation": False}})
+    assert r.status_code == 200 and "[DONE]" in r.text
+    err = _error(_post(srv.url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                           "prompt": "x"}), 400)
+    assert err["param"] == "prompt"
     ids = srv.call(srv.engine.generate(PROMPT, {"max_tokens": 12, "temperature": 0, "ignore_eos": True})).token_ids
     exp = srv.call(srv.engine.generate(PROMPT, {"max_tokens": 12, "temperature": 0, "stop_token_ids": [ids[4]]}))
     assert exp.finish_reason == "stop" and len(exp.token_ids) <= 5
@@ -438,6 +450,19 @@ def test_an_internal_error_is_a_500_reply_not_a_dropped_connection():
             return await c.get("/health")
     r = asyncio.run(go())
     assert r.status_code == 500 and "probe failed" in r.json()["error"]["message"]
+
+    async def hang_up():  # the body never finishes arriving: a 499, not a server error
+        async def receive():
+            return {"type": "http.disconnect"}
+        sent = []
+
+        async def send(msg):
+            sent.append(msg)
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b"",
+                 "root_path": "", "scheme": "http", "server": ("t", 80), "client": ("c", 1)}
+        await app(scope, receive, send)
+        return sent[0]["status"]
+    assert asyncio.run(hang_up()) == 499
 
 
 def test_default_body_limit_follows_the_prompt_limit():

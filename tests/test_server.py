@@ -217,6 +217,7 @@ async def test_health_and_stats(engine, client):
     for key in ("mode", "k", "steps", "output_tokens", "acceptance_rate", "kv_blocks_free", "running"):
         assert key in s
     assert s["server"]["max_message_bytes"] == MSG_LIMIT and s["server"]["requests"] >= 1
+    assert set(s["server"]["errors"]) == set(P.ERROR_CODES)  # every code, 0 when none was sent
     assert s["output_tokens"] <= engine.stats()["output_tokens"]
 
 

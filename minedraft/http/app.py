@@ -20,7 +20,7 @@ from pathlib import Path
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -32,6 +32,7 @@ from .metrics import CONTENT_TYPE, Metrics
 log = logging.getLogger("minedraft.http")
 STATIC = Path(__file__).resolve().parent / "static"
 MIN_BODY_LIMIT = 1 << 20
+TIMELINE_WINDOW_S = 1.0
 
 
 def body_limit_for(max_prompt_tokens: int) -> int:
@@ -40,7 +41,6 @@ def body_limit_for(max_prompt_tokens: int) -> int:
     messages)."""
     from ..protocol import PROMPT_CHARS_PER_TOKEN
     return max(MIN_BODY_LIMIT, 6 * PROMPT_CHARS_PER_TOKEN * max_prompt_tokens + (64 << 10))
-TIMELINE_WINDOW_S = 1.0
 
 
 def _engine_error(e: Exception, req: oa.ParsedRequest, chat: bool) -> oa.APIError:
@@ -69,8 +69,7 @@ async def _until_disconnect(request: Request, aw):
             task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await watch
-    with contextlib.suppress(asyncio.CancelledError):
-        await asyncio.wait({task})  # a cancelled task ends once it has run its cancellation (the abort)
+    await asyncio.wait({task})  # a cancelled task ends once it has run its cancellation (the abort)
     if task.cancelled():
         raise oa.APIError(499, "client disconnected")  # nobody reads it; ends the handler
     return task.result()
@@ -89,8 +88,10 @@ def _guarded(handler):
     async def run(request: Request):
         try:
             return await handler(request)
-        except (oa.APIError, HTTPException, asyncio.CancelledError):
+        except (oa.APIError, HTTPException):
             raise
+        except ClientDisconnect:  # hung up while sending the body: not a server error
+            raise oa.APIError(499, "client disconnected") from None
         except Exception as exc:
             log.exception("%s %s failed", request.method, request.url.path)
             return _internal_error(exc)
@@ -131,7 +132,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             raise oa.invalid(f"the request body is not valid JSON: {e}") from None
         except RecursionError:
             raise oa.invalid("the request body is nested too deeply") from None
-        oa.check_text(obj)
+        oa.check_text(bytes(body), obj)
         return obj
 
     async def completions(request: Request):

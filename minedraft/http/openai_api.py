@@ -8,10 +8,12 @@ change the output (user, metadata, store, ...) are accepted and ignored.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass
 
+from .. import errors
 from ..errors import InvalidRequestError
 from ..outputs import GenerationResult, RequestStats
 from ..sampling_params import SamplingParams
@@ -39,16 +41,22 @@ def invalid(message: str, param: str | None = None) -> APIError:
 _UNSUPPORTED = {"best_of": (None, 1), "echo": (None, False), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
                 "suffix": (None, ""), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
                 "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
-                "response_format": (None, {"type": "text"})}
+                "response_format": (None, {"type": "text"}), "function_call": (None, "none"),
+                "modalities": (None, ["text"]),
+                # vLLM-style extensions, accepted at the values that change nothing
+                "repetition_penalty": (None, 1, 1.0), "min_p": (None, 0, 0.0), "min_tokens": (None, 0),
+                "skip_special_tokens": (None, True), "include_stop_str_in_output": (None, False)}
 
 
-# accepted and honoured (both endpoints; prompt / messages checked per endpoint)
-_HONOURED = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-             "seed", "stop", "stop_token_ids", "ignore_eos", "n", "stream", "stream_options"}
+# accepted and honoured, on both endpoints, and each endpoint's own
+_HONOURED = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "ignore_eos",
+             "n", "stream", "stream_options"}
+_ENDPOINT_FIELDS = {"completion": {"prompt"}, "chat": {"messages", "max_completion_tokens"}}
 # accepted and ignored: they never change the output (parallel_tool_calls only matters with tools, refused)
 _IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
-            "safety_identifier"}
+            "prompt_cache_retention", "prompt_cache_options", "safety_identifier"}
 _KNOWN = _HONOURED | _IGNORED | set(_UNSUPPORTED)
+_STREAM_OPTIONS = {"include_usage", "include_obfuscation"}  # obfuscation pads chunks; it never changes the text
 _SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "max_tokens", "stop_token_ids", "stop", "seed", "ignore_eos")
 
 
@@ -73,7 +81,8 @@ def _get(body: dict, name: str, types, default=None):
     return v
 
 
-def _common(body: dict, served: str, default_max_tokens: int) -> tuple[SamplingParams, bool, bool, str, str]:
+def _common(body: dict, served: str, default_max_tokens: int,
+            endpoint: str) -> tuple[SamplingParams, bool, bool, str, str]:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     model = body.get("model", served)
@@ -86,7 +95,7 @@ def _common(body: dict, served: str, default_max_tokens: int) -> tuple[SamplingP
         if name in body and body[name] not in ok:
             raise invalid(f"'{name}' is not supported by minedraft", name)
     for name in body:
-        if name not in _KNOWN:
+        if name not in _KNOWN and name not in _ENDPOINT_FIELDS[endpoint]:
             raise invalid(f"unrecognized request argument '{name}': minedraft does not support it", name)
     n = _get(body, "n", int, 1)
     if n != 1:
@@ -109,7 +118,7 @@ def _common(body: dict, served: str, default_max_tokens: int) -> tuple[SamplingP
         raise invalid("'stream_options' is only allowed with 'stream': true", "stream_options")
     opts = opts or {}
     for name in opts:
-        if name != "include_usage":
+        if name not in _STREAM_OPTIONS:
             raise invalid(f"unrecognized stream option '{name}'", "stream_options")
     include_usage = _get(opts, "include_usage", bool, False)
     stop_ids = _get(body, "stop_token_ids", list, [])
@@ -128,7 +137,7 @@ def _common(body: dict, served: str, default_max_tokens: int) -> tuple[SamplingP
 
 
 def parse_completion(body: dict, served: str) -> ParsedRequest:
-    params, stream, usage, model, max_name = _common(body, served, COMPLETION_DEFAULT_MAX_TOKENS)
+    params, stream, usage, model, max_name = _common(body, served, COMPLETION_DEFAULT_MAX_TOKENS, "completion")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -140,7 +149,7 @@ def parse_completion(body: dict, served: str) -> ParsedRequest:
 
 
 def parse_chat(body: dict, served: str, default_max_tokens: int) -> ParsedRequest:
-    params, stream, usage, model, max_name = _common(body, served, default_max_tokens)
+    params, stream, usage, model, max_name = _common(body, served, default_max_tokens, "chat")
     if "messages" not in body:
         raise invalid("'messages' is required", "messages")
     return ParsedRequest(body["messages"], params, stream, usage, model, max_name)
@@ -160,9 +169,15 @@ def engine_refusal(message: str, req: ParsedRequest, chat: bool) -> APIError:
     return invalid(message, param)
 
 
-def check_text(body) -> None:
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def check_text(raw: bytes, body) -> None:
     """Refuse a body holding a string that is not valid Unicode (a lone UTF-16 surrogate such as "\\ud800",
-    which JSON can carry and Python accepts, but no tokenizer or UTF-8 reply can)."""
+    which JSON can carry and Python accepts, but no tokenizer or UTF-8 reply can). Only a body whose raw bytes
+    hold a surrogate escape (a pair is fine: it decodes to one character) is walked."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return
     stack = [body]
     while stack:
         x = stack.pop()
@@ -173,10 +188,9 @@ def check_text(body) -> None:
             stack.extend(x)
         elif isinstance(x, str):
             try:
-                x.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise invalid(f"the request holds a lone UTF-16 surrogate (\\u{ord(x[e.start]):04x}), which is "
-                              "not valid Unicode text") from None
+                errors.check_text(x, "the request")
+            except InvalidRequestError as e:
+                raise invalid(str(e)) from None
 
 
 # -- responses -------------------------------------------------------------------------------------------------
