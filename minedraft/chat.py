@@ -32,25 +32,28 @@ def _content(i: int, m: dict) -> str:
         parts = []
         for p in c:
             if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
-                raise InvalidRequestError(f"messages[{i}].content: only text parts are supported, got {p!r:.80}")
+                raise InvalidRequestError(f"messages[{i}].content: only text parts are supported, got {p!r:.80}",
+                                          "messages")
             parts.append(p["text"])
         return "".join(parts)
-    raise InvalidRequestError(f"messages[{i}].content must be a string or a list of text parts, got {c!r:.80}")
+    raise InvalidRequestError(f"messages[{i}].content must be a string or a list of text parts, got {c!r:.80}",
+                              "messages")
 
 
 def normalize_messages(messages) -> list[dict]:
     """Check OpenAI-style messages and return plain [{"role", "content": str}] dicts."""
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise InvalidRequestError("messages must be a non-empty list of {\"role\": ..., \"content\": ...} objects")
+        raise InvalidRequestError("messages must be a non-empty list of {\"role\": ..., \"content\": ...} objects",
+                                  "messages")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise InvalidRequestError(f"messages[{i}] must be an object with role and content, got "
-                                      f"{type(m).__name__}")
+                                      f"{type(m).__name__}", "messages")
         role = m.get("role")
         if role not in ROLES:
-            raise InvalidRequestError(f"messages[{i}].role must be one of {ROLES}, got {role!r:.40}")
-        out.append({"role": role, "content": check_text(_content(i, m), f"messages[{i}].content")})
+            raise InvalidRequestError(f"messages[{i}].role must be one of {ROLES}, got {role!r:.40}", "messages")
+        out.append({"role": role, "content": check_text(_content(i, m), f"messages[{i}].content", "messages")})
     return out
 
 
@@ -58,14 +61,15 @@ def chat_prompt_ids(tokenizer, messages, max_chars: int | None = None) -> list[i
     """Render messages with the tokenizer's chat template (add_generation_prompt=True) and tokenize."""
     msgs = normalize_messages(messages)
     if max_chars is not None and sum(len(m["content"]) for m in msgs) > max_chars:
-        raise InvalidRequestError(f"messages hold more than {max_chars} characters; too long for this engine")
+        raise InvalidRequestError(f"messages hold more than {max_chars} characters; too long for this engine",
+                                  "messages")
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("the target model's tokenizer has no chat template, so chat is unavailable; "
                                   "use a plain completion (generate / stream) or a model with a chat template")
     try:
         text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     except Exception as e:  # a template may raise on content it does not accept (jinja raise_exception)
-        raise InvalidRequestError(f"the chat template rejected these messages: {e}") from None
+        raise InvalidRequestError(f"the chat template rejected these messages: {e}", "messages") from None
     # The template writes any special tokens (bos, role markers) itself: add none on top.
     return tokenizer.encode(text, add_special_tokens=False)
 

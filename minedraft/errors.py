@@ -8,9 +8,14 @@ class MinedraftError(Exception):
 
 
 class InvalidRequestError(MinedraftError, ValueError):
-    """The request itself is wrong (bad parameters, prompt too long, ...). Only it fails."""
+    """The request itself is wrong (bad parameters, prompt too long, ...). Only it fails. `param` names the
+    field it is about, where there is one (what an HTTP 400 reports as `param`)."""
 
     code = "invalid_request"
+
+    def __init__(self, message: str = "", param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class OverloadedError(MinedraftError):
@@ -31,12 +36,12 @@ class RequestAbortedError(MinedraftError):
     code = "aborted"
 
 
-def check_text(text: str, what: str) -> str:
+def check_text(text: str, what: str, param: str | None = None) -> str:
     """text, if it is valid Unicode; else InvalidRequestError. A lone UTF-16 surrogate ("\\ud800") is a Python
     str (JSON and the Python API can carry one) that no tokenizer or UTF-8 encoder accepts."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise InvalidRequestError(f"{what} is not valid Unicode text: a lone UTF-16 surrogate "
-                                  f"(\\u{ord(text[e.start]):04x}) at character {e.start}") from None
+                                  f"(\\u{ord(text[e.start]):04x}) at character {e.start}", param) from None
     return text

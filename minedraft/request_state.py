@@ -21,25 +21,27 @@ def make_request(rid: int, prompt, params: SamplingParams | dict | None, tokeniz
     params = as_params(params)
     if isinstance(prompt, str):
         if not prompt:
-            raise InvalidRequestError("prompt is empty")
-        if len(prompt) > PROMPT_CHARS_PER_TOKEN * config.max_prompt_tokens:  # cheap guard before tokenizing a huge string
+            raise InvalidRequestError("prompt is empty", "prompt")
+        if len(prompt) > PROMPT_CHARS_PER_TOKEN * config.max_prompt_tokens:  # cheap guard before tokenizing
             raise InvalidRequestError(f"prompt is {len(prompt)} characters; the limit is about "
-                                      f"{config.max_prompt_tokens} tokens")
-        check_text(prompt, "prompt")
+                                      f"{config.max_prompt_tokens} tokens", "prompt")
+        check_text(prompt, "prompt", "prompt")
         ids = tokenizer.encode(prompt)
     elif isinstance(prompt, (list, tuple)):
         ids = list(prompt)
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size for t in ids):
-            raise InvalidRequestError(f"prompt token ids must be ints in [0, {vocab_size})")
+            raise InvalidRequestError(f"prompt token ids must be ints in [0, {vocab_size})", "prompt")
     else:
-        raise InvalidRequestError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+        raise InvalidRequestError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}",
+                                  "prompt")
     if not ids:
-        raise InvalidRequestError("prompt has no tokens")
+        raise InvalidRequestError("prompt has no tokens", "prompt")
     if len(ids) > config.max_prompt_tokens:
-        raise InvalidRequestError(f"prompt has {len(ids)} tokens; max_prompt_tokens is {config.max_prompt_tokens}")
+        raise InvalidRequestError(f"prompt has {len(ids)} tokens; max_prompt_tokens is {config.max_prompt_tokens}",
+                                  "prompt")
     if params.max_tokens > config.max_tokens_limit:
         raise InvalidRequestError(f"max_tokens={params.max_tokens} exceeds the engine's limit "
-                                  f"{config.max_tokens_limit}")
+                                  f"{config.max_tokens_limit}", "max_tokens")
     seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
     return NewRequest(rid, ids, params, seed)
 

@@ -37,41 +37,42 @@ class SamplingParams:
         # Accept lists from JSON/msgpack callers but store tuples so params stay hashable.
         if not isinstance(self.stop_token_ids, (list, tuple)):
             raise InvalidRequestError(f"invalid SamplingParams: stop_token_ids must be a list of ints, "
-                                      f"got {self.stop_token_ids!r}")
+                                      f"got {self.stop_token_ids!r}", "stop_token_ids")
         if not isinstance(self.stop, (str, list, tuple)):
-            raise InvalidRequestError(f"invalid SamplingParams: stop must be a str or a list of str, got {self.stop!r}")
+            raise InvalidRequestError(f"invalid SamplingParams: stop must be a str or a list of str, got {self.stop!r}",
+                                      "stop")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         object.__setattr__(self, "stop", stop)
         self._validate()
 
     def _validate(self):
-        def bad(msg):
-            raise InvalidRequestError(f"invalid SamplingParams: {msg}")
+        def bad(param, msg):
+            raise InvalidRequestError(f"invalid SamplingParams: {msg}", param)
 
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            bad(f"temperature must be a finite number >= 0, got {t!r}")
+            bad("temperature", f"temperature must be a finite number >= 0, got {t!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 0 <= self.top_k < INT_LIMIT:
-            bad(f"top_k must be an int in [0, 2**31) (0 disables), got {self.top_k!r}")
+            bad("top_k", f"top_k must be an int in [0, 2**31) (0 disables), got {self.top_k!r}")
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0 < p <= 1):
-            bad(f"top_p must be in (0, 1], got {p!r}")
+            bad("top_p", f"top_p must be in (0, 1], got {p!r}")
         m = self.max_tokens
         if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m < INT_LIMIT:
-            bad(f"max_tokens must be an int in [1, 2**31), got {m!r}")
+            bad("max_tokens", f"max_tokens must be an int in [1, 2**31), got {m!r}")
         for tid in self.stop_token_ids:
             if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid < INT_LIMIT:
-                bad(f"stop_token_ids must be ints in [0, 2**31), got {tid!r}")
+                bad("stop_token_ids", f"stop_token_ids must be ints in [0, 2**31), got {tid!r}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                bad(f"stop strings must be non-empty str, got {s!r}")
-            check_text(s, "invalid SamplingParams: a stop string")
+                bad("stop", f"stop strings must be non-empty str, got {s!r}")
+            check_text(s, "invalid SamplingParams: a stop string", "stop")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not (0 <= self.seed < 2**63)):
-            bad(f"seed must be an int in [0, 2**63), got {self.seed!r}")
+            bad("seed", f"seed must be an int in [0, 2**63), got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
-            bad(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+            bad("ignore_eos", f"ignore_eos must be a bool, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:

@@ -45,7 +45,7 @@ def body_limit_for(max_prompt_tokens: int) -> int:
 
 def _engine_error(e: Exception, req: oa.ParsedRequest, chat: bool) -> oa.APIError:
     if isinstance(e, InvalidRequestError):
-        return oa.engine_refusal(str(e), req, chat)
+        return oa.engine_refusal(e, req, chat)
     if isinstance(e, OverloadedError):
         return oa.APIError(429, str(e), "rate_limit_error", "overloaded")
     if isinstance(e, EngineDeadError):

@@ -8,6 +8,7 @@ change the output (user, metadata, store, ...) are accepted and ignored.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 import uuid
@@ -57,12 +58,11 @@ _IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", 
             "prompt_cache_retention", "prompt_cache_options", "safety_identifier"}
 _KNOWN = _HONOURED | _IGNORED | set(_UNSUPPORTED)
 _STREAM_OPTIONS = {"include_usage", "include_obfuscation"}  # obfuscation pads chunks; it never changes the text
-_SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "max_tokens", "stop_token_ids", "stop", "seed", "ignore_eos")
 
 
 @dataclass
 class ParsedRequest:
-    prompt: object              # str or token ids (completions) / messages (chat)
+    prompt: object              # str or token ids (completions) / messages (chat); None until the endpoint sets it
     params: SamplingParams
     stream: bool
     include_usage: bool
@@ -81,8 +81,8 @@ def _get(body: dict, name: str, types, default=None):
     return v
 
 
-def _common(body: dict, served: str, default_max_tokens: int,
-            endpoint: str) -> tuple[SamplingParams, bool, bool, str, str]:
+def _common(body: dict, served: str, default_max_tokens: int, endpoint: str) -> ParsedRequest:
+    """Everything but the prompt / messages (left None), checked."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     model = body.get("model", served)
@@ -130,14 +130,13 @@ def _common(body: dict, served: str, default_max_tokens: int,
             max_tokens=max_tokens, stop=tuple(s for s in stop if s), stop_token_ids=stop_ids,
             seed=_get(body, "seed", int), ignore_eos=_get(body, "ignore_eos", bool, False))
     except InvalidRequestError as e:
-        msg = str(e).replace("invalid SamplingParams: ", "")
-        field = next((f for f in _SAMPLING_FIELDS if msg.startswith(f + " ")), None)
-        raise invalid(msg, max_name if field == "max_tokens" else field) from None
-    return params, stream, include_usage, model, max_name
+        raise invalid(str(e).replace("invalid SamplingParams: ", ""),
+                      max_name if e.param == "max_tokens" else e.param) from None
+    return ParsedRequest(None, params, stream, include_usage, model, max_name)
 
 
 def parse_completion(body: dict, served: str) -> ParsedRequest:
-    params, stream, usage, model, max_name = _common(body, served, COMPLETION_DEFAULT_MAX_TOKENS, "completion")
+    req = _common(body, served, COMPLETION_DEFAULT_MAX_TOKENS, "completion")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -145,28 +144,21 @@ def parse_completion(body: dict, served: str) -> ParsedRequest:
         raise invalid("only one prompt per request is supported (n=1, no batched prompts)", "prompt")
     if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt))):
         raise invalid("'prompt' must be a string or a list of token ids", "prompt")
-    return ParsedRequest(prompt, params, stream, usage, model, max_name)
+    return dataclasses.replace(req, prompt=prompt)
 
 
 def parse_chat(body: dict, served: str, default_max_tokens: int) -> ParsedRequest:
-    params, stream, usage, model, max_name = _common(body, served, default_max_tokens, "chat")
+    req = _common(body, served, default_max_tokens, "chat")
     if "messages" not in body:
         raise invalid("'messages' is required", "messages")
-    return ParsedRequest(body["messages"], params, stream, usage, model, max_name)
+    return dataclasses.replace(req, prompt=body["messages"])
 
 
-def engine_refusal(message: str, req: ParsedRequest, chat: bool) -> APIError:
-    """The engine's InvalidRequestError as a 400 naming the field it is about (the engine's messages start with
-    the name: 'prompt has 900 tokens...', 'max_tokens=600 exceeds...', 'messages[0].role ...')."""
-    if message.startswith("prompt"):
-        param = "messages" if chat else "prompt"
-    elif message.startswith("max_tokens"):
-        param = req.max_name
-    elif message.startswith(("messages", "the chat template")):
-        param = "messages"
-    else:
-        param = None
-    return invalid(message, param)
+def engine_refusal(e: InvalidRequestError, req: ParsedRequest, chat: bool) -> APIError:
+    """The engine's InvalidRequestError as a 400 naming the field in the client's terms (a chat's prompt is its
+    messages; max_tokens is whichever name the client used)."""
+    param = {"prompt": "messages" if chat else "prompt", "max_tokens": req.max_name}.get(e.param, e.param)
+    return invalid(str(e), param)
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

@@ -50,8 +50,7 @@ def feature_slot_nbytes(cfg, hidden: int) -> int:
     it) and at most every row's whole life, prompt and output (max_batch_size rows of max_prompt_tokens +
     max_tokens_limit, and the drafts of one step): on a big cache the second bound is far tighter."""
     rows = cfg.max_batch_size * (cfg.max_prompt_tokens + cfg.max_tokens_limit + cfg.max_draft + 1)
-    itemsize = 4 if cfg.dtype == "float32" else 2
-    return min(cfg.kv_cache_tokens, rows) * hidden * itemsize
+    return min(cfg.kv_cache_tokens, rows) * hidden * getattr(torch, cfg.dtype).itemsize
 
 
 class _Slots:
