@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-import torch
 from transformers import AutoTokenizer
 
 from .config import EngineConfig

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from . import protocol as P
 from .errors import MinedraftError
 from .outputs import RequestStats
 from .server_access import BindError, check_bind, curve_keys, start_authenticator
+from .server_peers import Peers
 
 log = logging.getLogger("minedraft.server")
 
@@ -35,8 +37,7 @@ CANCEL_WAIT_S = 10.0   # how long a cancel waits for the request's final message
 YIELD_EVERY = 32      # messages handled back to back before the receive loop yields to other tasks...
 YIELD_AFTER_S = 0.005  # ...or sooner, once a burst has taken this long
 DEFAULT_MAX_QUEUED_REPLIES = 1000  # unread replies one client may have waiting in the server (zmq SNDHWM)
-DROP_S = 10.0          # messages from a client dropped as a slow reader are discarded this long
-MAX_DROPPED_REMEMBERED = 10000
+MONITOR_POLL_MS = 1000  # the monitor is also read before every message; this only bounds an idle wait
 HEARTBEAT_IVL_MS = 5000
 HEARTBEAT_TIMEOUT_MS = 30000
 
@@ -83,10 +84,10 @@ class Server:
         if isinstance(max_queued_replies, bool) or not isinstance(max_queued_replies, int) or max_queued_replies < 1:
             raise ValueError(f"max_queued_replies must be an int >= 1, got {max_queued_replies!r}")
         self.max_queued_replies = max_queued_replies
-        self._dropped: dict[bytes, float] = {}  # slow readers dropped -> when their messages are heard again
-        self._connections = 0
+        self.peers = Peers()  # connections and the identities on them; slow readers dropped
         self._monitor_task: asyncio.Task | None = None
         self._mon = None
+        self._mon_now = None  # the same monitor socket, read without waiting (see _read_monitor)
         self.engine = engine
         self.bind_endpoint = bind
         self.max_message_bytes = max_message_bytes
@@ -143,14 +144,15 @@ class Server:
                 s.curve_secretkey = self._secret
                 s.curve_publickey = self._public
                 s.curve_server = True
-            # connection events, watched from before the bind so none is missed (stats `connections`)
+            # connection events, watched from before the bind so none is missed (server_peers.py)
             self._mon = s.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+            self._mon_now = zmq.Socket.shadow(self._mon.underlying)
             s.bind(self.bind_endpoint)
         except zmq.ZMQError as e:
             if self._mon is not None:
                 s.disable_monitor()
                 self._mon.close(linger=0)
-                self._mon = None
+                self._mon = self._mon_now = None
             s.close(linger=0)
             self.sock = None
             self._term()
@@ -202,7 +204,7 @@ class Server:
             self.sock.close(linger=0)
         if self._mon is not None:
             self._mon.close(linger=0)  # also when the monitor task never ran (bound, never started)
-            self._mon = None
+            self._mon = self._mon_now = None
         if self._auth is not None:
             with contextlib.suppress(Exception):
                 self._auth.stop()
@@ -247,14 +249,8 @@ class Server:
 
     def _drop_client(self, ident: bytes, slow: bool = False) -> None:
         if slow:
-            if ident in self._dropped:
+            if not self.peers.ban(ident):
                 return
-            now = time.monotonic()
-            if len(self._dropped) >= MAX_DROPPED_REMEMBERED:
-                self._dropped = {k: t for k, t in self._dropped.items() if t > now}
-                while len(self._dropped) >= MAX_DROPPED_REMEMBERED:
-                    self._dropped.pop(next(iter(self._dropped)))
-            self._dropped[ident] = now + DROP_S
             self.stats.slow_clients_dropped += 1
             log.warning("client %s has %d unread replies queued (max_queued_replies); dropping it", ident.hex(),
                         self.max_queued_replies)
@@ -281,7 +277,7 @@ class Server:
                 await asyncio.sleep(0)
                 t_burst = time.perf_counter()
             try:
-                frames = await self.sock.recv_multipart()
+                frames = await self.sock.recv_multipart(copy=False)
             except asyncio.CancelledError:
                 raise
             except zmq.ZMQError as e:
@@ -290,35 +286,50 @@ class Server:
                 log.warning("recv failed: %s", e)
                 await asyncio.sleep(0.01)
                 continue
+            self._read_monitor()  # first: a connection's close is queued before its fd can carry a new one
+            data = [f.bytes for f in frames]
+            if not self.peers.seen(data[0], _source_fd(frames[-1])):
+                self.stats.discarded += 1  # sent just before its connection closed: no one can read a reply
+                continue
             try:
-                self._on_message(frames)
+                self._on_message(data)
             except Exception:  # a bug in a handler must never stop the server
                 log.exception("unhandled error while handling a message")
                 with contextlib.suppress(Exception):
-                    self._error(frames[0], None, P.INTERNAL, "internal error while handling the message")
+                    self._error(data[0], None, P.INTERNAL, "internal error while handling the message")
 
     async def _monitor(self) -> None:
-        """Count open connections from the socket's own events (a ROUTER does not report peers otherwise)."""
-        from zmq.utils.monitor import recv_monitor_message
-        mon = self._mon
+        """Read connection events as they come, so a client that disconnects has its requests aborted at once
+        (the receive loop also reads them, before each message)."""
         try:
-            while True:
-                ev = await recv_monitor_message(mon)
-                self._connections += 1 if ev["event"] == zmq.EVENT_ACCEPTED else -1
+            while self._mon is not None:
+                await self._mon.poll(MONITOR_POLL_MS)
+                self._read_monitor()
         except (asyncio.CancelledError, zmq.ZMQError):
             pass
-        finally:
-            mon.close(linger=0)
+
+    def _read_monitor(self) -> None:
+        mon = self._mon_now
+        while mon is not None:
+            try:
+                if not mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # cheaper than a recv that raises Again
+                    return
+                ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+            except zmq.ZMQError:  # Again, or the socket closed under us
+                return
+            if ev["event"] == zmq.EVENT_ACCEPTED:
+                self.peers.accepted(int(ev["value"]))
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                for ident in self.peers.disconnected(int(ev["value"])):
+                    self._drop_client(ident)
 
     # -- dispatch --------------------------------------------------------------------------------------------
     def _on_message(self, frames: list[bytes]) -> None:
         self.stats.received += 1
         ident, payload = frames[0], frames[1:]
-        if ident in self._dropped:
-            if time.monotonic() < self._dropped[ident]:
-                self.stats.discarded += 1
-                return
-            del self._dropped[ident]
+        if self.peers.banned(ident):
+            self.stats.discarded += 1
+            return
         if len(payload) != 1:
             # the id of the first frame that holds one; a REQ socket (["", payload]) gets the reply in its own
             # envelope, so that it can read it at all
@@ -366,7 +377,7 @@ class Server:
         except Exception as e:
             s = {"error": f"engine stats unavailable: {e}"}
         st = self.stats
-        s["server"] = {"connections": self._connections, "clients": len(self._clients),
+        s["server"] = {"connections": self.peers.open, "clients": len(self._clients),
                        "inflight": sum(map(len, self._clients.values())),
                        "received": st.received, "replies": st.replies, "requests": st.requests,
                        "errors": {c: st.errors.get(c, 0) for c in P.ERROR_CODES},
@@ -477,6 +488,14 @@ class Server:
             raise
         except Exception as exc:
             self._finish(ident, e, self._failure(e, exc))
+
+
+def _source_fd(frame: zmq.Frame) -> int | None:
+    """The descriptor libzmq read this message from (ZMQ_SRCFD; deprecated in libzmq but still served)."""
+    try:
+        return frame.get(zmq.SRCFD)
+    except (zmq.ZMQError, AttributeError, ValueError):
+        return None
 
 
 def _re(peek: dict) -> str | None:

@@ -37,7 +37,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from multiprocessing import shared_memory
 from pathlib import Path
 
 from minedraft.diagnostics import process_alive as alive, shm_exists
@@ -179,12 +178,11 @@ async def run_one(api, r: Req, rid: str) -> Outcome:
     out = Outcome("lost")
     try:
         if r.kind == "cancel" and r.how == "break":
-            tokens, finished = [], False
+            tokens = []
             async with contextlib.aclosing(api.stream(r.prompt, r.params, rid)) as it:
                 async for d in it:
                     tokens += d.token_ids
                     if d.finished:
-                        finished = True
                         out.finish = d.finish_reason
                         break
                     if len(tokens) >= r.cancel_after:

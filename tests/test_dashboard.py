@@ -38,7 +38,7 @@ def test_dashboard_streams_and_charts(srv, browser, tmp_path):
     ref = srv.call(srv.engine.generate(prompt, {"max_tokens": n}))
     browser.navigate(srv.url + "/")
     browser.wait_for("document.getElementById('health').textContent === 'healthy'")
-    assert browser.eval("document.getElementById('info').textContent") == f"tiny-target · mode minedraft · k 4"
+    assert browser.eval("document.getElementById('info').textContent") == "tiny-target · mode minedraft · k 4"
 
     # type a prompt, press Generate, watch it stream in
     browser.eval(f"document.getElementById('prompt').value = {prompt!r}; "

@@ -6,7 +6,6 @@ parsed by prometheus_client. One engine (bundled tiny pair) serves the whole mod
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import subprocess
 import sys
@@ -218,12 +217,14 @@ async def test_kv_budget_makes_requests_wait(tiny_pair, reference):
 
 @pytest.mark.parametrize("mode", ["minedraft", "autoregressive"])  # autoregressive: the stop ends a lease
 async def test_shutdown_leaves_no_processes_or_shared_memory(tiny_pair, mode):
-    engine = await Engine.start(_cfg(tiny_pair, mode=mode))
+    engine = await Engine.start(_cfg(tiny_pair, mode=mode, max_tokens_limit=1000))
     await engine.generate("the class", _greedy(4))
     pids = [p.pid for p in engine.procs]
     names = [s.name for s in engine._shm]
-    pending = asyncio.ensure_future(engine.generate("the def", _greedy(60)))
-    await asyncio.sleep(0.05)
+    # long enough to be still running at shutdown on a fast host (60 tokens once finished first)
+    pending = asyncio.ensure_future(engine.generate("the def", _greedy(1000)))
+    while engine.stats()["running"] == 0:
+        await asyncio.sleep(0.001)
     await engine.shutdown()
     with pytest.raises(EngineDeadError):
         await pending

@@ -19,7 +19,6 @@ import os
 import random
 import signal
 import time
-from multiprocessing import shared_memory
 
 import pytest
 

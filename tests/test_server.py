@@ -468,6 +468,50 @@ async def test_vanished_client_requests_are_aborted(server, engine):
     await assert_serves(server, engine)
 
 
+@amod
+async def test_disconnected_client_generate_requests_are_aborted_at_once(server, engine):
+    """A non-streamed request sends nothing until its result, so only the connection's close can tell the
+    server its client is gone: it must abort the work then, not run it to the end."""
+    before = (server.stats.clients_dropped, engine.stats()["aborted"], engine.stats()["output_tokens"])
+    r = Raw(server.endpoint)
+    await r.send(_req(id="g", prompt=PROMPTS[1], params=greedy(MAX_TOKENS_LIMIT)))
+    deadline = time.monotonic() + 5
+    while engine.stats()["running"] == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.001)
+    r.close()
+    while server.stats.clients_dropped == before[0] and time.monotonic() < deadline:
+        await asyncio.sleep(0.001)
+    assert server.stats.clients_dropped == before[0] + 1
+    # aborted, well before its 128 tokens: unnoticed, it would have run to the end and only its result's send
+    # would have failed
+    assert engine.stats()["aborted"] == before[1] + 1
+    assert engine.stats()["output_tokens"] - before[2] < MAX_TOKENS_LIMIT
+    while engine.stats()["running"] + engine.stats()["waiting"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    assert engine.stats()["running"] + engine.stats()["waiting"] == 0
+    await assert_serves(server, engine)
+
+
+@amod
+async def test_a_new_connection_on_a_reused_descriptor_is_not_taken_for_the_closed_one(server, engine):
+    """The operating system hands a closed connection's descriptor to the next one: a client that connects
+    right after another one left must keep its requests."""
+    ref = await reference(engine, PROMPTS[0], 24)
+    for _ in range(5):
+        gone = Raw(server.endpoint)
+        for i in range(3):
+            await gone.send(_req(id=f"g{i}", prompt=PROMPTS[1], params=greedy(MAX_TOKENS_LIMIT)))
+        assert (await gone.ask(_req(t="health")))["t"] == "health"  # its requests have been read
+        gone.close()
+        fresh = Raw(server.endpoint)
+        try:
+            reply = await fresh.ask(_req(id="mine", prompt=PROMPTS[0], params=greedy(24)))
+            assert reply["t"] == "result", reply
+            assert (reply["token_ids"], reply["finish_reason"]) == (ref.token_ids, ref.finish_reason)
+        finally:
+            fresh.close()
+
+
 # -- engine failures, with a stand-in engine ---------------------------------------------------------------------
 class FakeEngine:
     def __init__(self, exc):

@@ -190,9 +190,9 @@ async def test_stats_count_connected_clients(engine):
             for r in raws:
                 r.close()
         deadline = time.monotonic() + 5
-        while s._connections and time.monotonic() < deadline:
+        while s.peers.open and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert s._connections == 0
+        assert s.peers.open == 0
 
 
 @amod

@@ -151,7 +151,7 @@ class ModelRunner:
         cache, dev = self.cache, self.device
         lens = [len(t) for t in token_lists]
         starts = [cache.length(s) for s in seq_ids]
-        B, T = len(seq_ids), max(lens)
+        T = max(lens)
         totals = [s + n for s, n in zip(starts, lens)]
         S = max(totals)
         ids = torch.tensor([t if n == T else list(t) + [0] * (T - n) for t, n in zip(token_lists, lens)],
