@@ -1,13 +1,14 @@
 """The network front end: a ZeroMQ ROUTER speaking the msgpack protocol of docs/PROTOCOL.md.
 
-It runs on the same asyncio loop as the Engine (zmq.asyncio): every request is one task that awaits the engine
-and sends its replies. Nothing a client sends can crash the loop or touch another client's requests; request ids
-are scoped per ROUTER identity (each DEALER connection).
+It runs on the same asyncio loop as the Engine (zmq.asyncio). This module is the transport: the socket, framing,
+limits, and which clients are connected (server_peers.py); the requests themselves, one task each that awaits the
+engine and sends its replies, live in server_requests.py. Nothing a client sends can crash the loop or touch
+another client's requests; request ids are scoped per ROUTER identity (each DEALER connection).
 
     async with Engine(cfg) as engine, Server(engine, "tcp://127.0.0.1:5555") as server:
         await server.wait_closed()
 
-`minedraft serve` (minedraft/cli.py) wraps exactly this, under uvloop when it is installed.
+`minedraft serve` (minedraft/cli_serve.py) wraps exactly this, under uvloop when it is installed.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import itertools
 import logging
 import time
 from collections import Counter
@@ -26,14 +26,12 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from . import protocol as P
-from .errors import MinedraftError
-from .outputs import RequestStats
 from .server_access import BindError, check_bind, curve_keys, start_authenticator
 from .server_peers import Peers
+from .server_requests import Requests
 
 log = logging.getLogger("minedraft.server")
 
-CANCEL_WAIT_S = 10.0   # how long a cancel waits for the request's final message before forcing it
 YIELD_EVERY = 32      # messages handled back to back before the receive loop yields to other tasks...
 YIELD_AFTER_S = 0.005  # ...or sooner, once a burst has taken this long
 DEFAULT_MAX_QUEUED_REPLIES = 1000  # unread replies one client may have waiting in the server (zmq SNDHWM)
@@ -44,21 +42,9 @@ HEARTBEAT_TIMEOUT_MS = 30000
 
 # -- the server -------------------------------------------------------------------------------------------------
 @dataclass
-class _Entry:
-    id: str
-    t: str
-    name: str                       # the engine's request id (unique across clients)
-    task: asyncio.Task | None = None
-    started: bool = False           # the engine has been handed the request
-    cancel_requested: bool = False
-    done: bool = False              # its final message (result/done/error) has been sent
-
-
-@dataclass
 class _ServerStats:
     received: int = 0
     replies: int = 0
-    requests: int = 0
     errors: Counter = field(default_factory=Counter)
     clients_dropped: int = 0
     slow_clients_dropped: int = 0
@@ -88,25 +74,30 @@ class Server:
         self._monitor_task: asyncio.Task | None = None
         self._mon = None
         self._mon_now = None  # the same monitor socket, read without waiting (see _read_monitor)
-        self.engine = engine
         self.bind_endpoint = bind
         self.max_message_bytes = max_message_bytes
         self.hard_limit = max_message_bytes * P.HARD_LIMIT_FACTOR
-        self.max_inflight = max_inflight_per_client
         self._secret, self._public, self._client_keys = curve_keys(curve_secret_key, curve_public_key,
                                                                    curve_client_keys)
         self.ctx: zmq.asyncio.Context | None = None
         self.sock: zmq.asyncio.Socket | None = None
         self.endpoint: str | None = None
         self._auth = None
-        self._clients: dict[bytes, dict[str, _Entry]] = {}
-        self._names = itertools.count()
+        self.requests = Requests(self._send, max_inflight_per_client)
+        self.engine = engine
         self._loop_task: asyncio.Task | None = None
-        self._side_tasks: set[asyncio.Task] = set()
         self._closed = asyncio.Event()
         self._closing = False
         self.stats = _ServerStats()
         self.started_at = time.time()
+
+    @property
+    def engine(self):
+        return self.requests.engine
+
+    @engine.setter
+    def engine(self, engine) -> None:  # serve() binds before the engine has started
+        self.requests.engine = engine
 
     @property
     def public_key(self) -> str | None:
@@ -182,18 +173,8 @@ class Server:
             self._loop_task.cancel()
         if self._monitor_task:
             self._monitor_task.cancel()
-        tasks = []
-        for ident, table in list(self._clients.items()):
-            for e in list(table.values()):
-                self._finish(ident, e, P.error_reply(e.id, P.ENGINE_DEAD, "server shutting down", e.t))
-                if e.task:
-                    e.task.cancel()
-                    tasks.append(e.task)
-        tasks += list(self._side_tasks)
-        for t in self._side_tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, *[t for t in (self._loop_task, self._monitor_task) if t],
-                             return_exceptions=True)
+        await self.requests.close()
+        await asyncio.gather(*[t for t in (self._loop_task, self._monitor_task) if t], return_exceptions=True)
         self._term()
         self._closed.set()
 
@@ -254,16 +235,10 @@ class Server:
             self.stats.slow_clients_dropped += 1
             log.warning("client %s has %d unread replies queued (max_queued_replies); dropping it", ident.hex(),
                         self.max_queued_replies)
-        table = self._clients.pop(ident, None)
-        if not table:
-            return
-        self.stats.clients_dropped += 1
-        log.info("client %s went away; cancelling its %d request(s)", ident.hex(), len(table))
-        me = asyncio.current_task()
-        for e in table.values():
-            e.done = True
-            if e.task is not None and e.task is not me:
-                e.task.cancel()
+        n = self.requests.drop(ident)
+        if n:
+            self.stats.clients_dropped += 1
+            log.info("client %s went away; cancelled its %d request(s)", ident.hex(), n)
 
     async def _recv_loop(self) -> None:
         burst = 0
@@ -354,9 +329,9 @@ class Server:
         except P.RequestError as e:
             return self._error(ident, e.id, e.code, e.message, e.t)
         if req.t in ("generate", "stream"):
-            self._on_submit(ident, req)
+            self.requests.submit(ident, req, closing=self._closing)
         elif req.t == "cancel":
-            self._on_cancel(ident, req)
+            self.requests.cancel(ident, req)
         elif req.t == "health":
             self._send(ident, {"v": P.VERSION, "t": "health", "id": req.id, "health": self._health()})
         elif req.t == "stats":
@@ -377,117 +352,15 @@ class Server:
         except Exception as e:
             s = {"error": f"engine stats unavailable: {e}"}
         st = self.stats
-        s["server"] = {"connections": self.peers.open, "clients": len(self._clients),
-                       "inflight": sum(map(len, self._clients.values())),
-                       "received": st.received, "replies": st.replies, "requests": st.requests,
+        s["server"] = {"connections": self.peers.open, "clients": self.requests.clients,
+                       "inflight": self.requests.inflight,
+                       "received": st.received, "replies": st.replies, "requests": self.requests.submitted,
                        "errors": {c: st.errors.get(c, 0) for c in P.ERROR_CODES},
                        "clients_dropped": st.clients_dropped,
                        "slow_clients_dropped": st.slow_clients_dropped, "discarded": st.discarded,
                        "uptime_s": time.time() - self.started_at, "max_message_bytes": self.max_message_bytes,
-                       "max_inflight_per_client": self.max_inflight, "max_queued_replies": self.max_queued_replies}
+                       "max_inflight_per_client": self.requests.max_inflight, "max_queued_replies": self.max_queued_replies}
         return s
-
-    def _on_submit(self, ident: bytes, req: P.Request) -> None:
-        table = self._clients.get(ident, {})
-        if req.id in table:
-            return self._error(ident, req.id, P.DUPLICATE_ID,
-                               f"request id {req.id!r} is already running for this client; ids must be unique "
-                               "among a client's in-flight requests", req.t)
-        if self._closing:
-            return self._error(ident, req.id, P.ENGINE_DEAD, "server shutting down", req.t)
-        if len(table) >= self.max_inflight:
-            return self._error(ident, req.id, P.OVERLOADED,
-                               f"this client already has {len(table)} requests in flight (limit "
-                               f"{self.max_inflight}); wait for some to finish", req.t)
-        self._clients[ident] = table
-        self.stats.requests += 1
-        e = _Entry(req.id, req.t, f"srv-{next(self._names)}")
-        table[req.id] = e
-        run = self._run_generate if req.t == "generate" else self._run_stream
-        e.task = asyncio.ensure_future(run(ident, e, req))
-
-    def _on_cancel(self, ident: bytes, req: P.Request) -> None:
-        e = self._clients.get(ident, {}).get(req.id)
-        if e is None or e.done:
-            return self._error(ident, req.id, P.UNKNOWN_REQUEST,
-                               f"no request {req.id!r} is running for this client (finished, never sent, or "
-                               "sent by another client)", "cancel")
-        t = asyncio.ensure_future(self._cancel(ident, e))
-        self._side_tasks.add(t)
-        t.add_done_callback(self._side_tasks.discard)
-
-    async def _cancel(self, ident: bytes, e: _Entry) -> None:
-        e.cancel_requested = True
-        if e.started:
-            with contextlib.suppress(Exception):
-                await self.engine.abort(e.name)
-        # The request's own final message (finish_reason "abort" unless it had just finished) goes out first.
-        if e.task is not None and not e.task.done():
-            _, pending = await asyncio.wait({e.task}, timeout=CANCEL_WAIT_S)
-            if pending:
-                log.warning("request %s did not end %.0f s after abort; cancelling its task", e.name,
-                            CANCEL_WAIT_S)
-                e.task.cancel()
-                await asyncio.wait({e.task})
-        if not e.done:  # the task was forced
-            self._finish(ident, e, P.error_reply(e.id, P.INTERNAL, "request was force-cancelled", e.t))
-        self._send(ident, {"v": P.VERSION, "t": "cancelled", "id": e.id})
-
-    def _finish(self, ident: bytes, e: _Entry, msg: dict) -> None:
-        """Send a request's final message and free its id, in one step (so the id is reusable at once)."""
-        if e.done:
-            return
-        self._forget(ident, e)
-        self._send(ident, msg)
-
-    def _forget(self, ident: bytes, e: _Entry) -> None:
-        e.done = True
-        table = self._clients.get(ident)
-        if table is not None and table.get(e.id) is e:
-            del table[e.id]
-            if not table:
-                del self._clients[ident]
-
-    def _failure(self, e: _Entry, exc: BaseException) -> dict:
-        if isinstance(exc, MinedraftError):
-            code = exc.code if exc.code in P.ERROR_CODES else P.INTERNAL
-            return P.error_reply(e.id, code, str(exc), e.t)
-        log.exception("request %s failed", e.name, exc_info=exc)
-        return P.error_reply(e.id, P.INTERNAL, f"{type(exc).__name__}: {exc}", e.t)
-
-    async def _run_generate(self, ident: bytes, e: _Entry, req: P.Request) -> None:
-        try:
-            if e.cancel_requested:
-                return self._finish(ident, e, {"v": P.VERSION, "t": "result", "id": e.id, "text": "",
-                                               "token_ids": [], "finish_reason": "abort",
-                                               "stats": RequestStats().to_dict()})
-            e.started = True
-            res = await self.engine.generate(req.prompt, req.params, request_id=e.name)
-            self._finish(ident, e, P.result_reply(e.id, res))
-        except asyncio.CancelledError:
-            self._finish(ident, e, P.error_reply(e.id, P.ENGINE_DEAD, "server shutting down", e.t))
-            raise
-        except Exception as exc:
-            self._finish(ident, e, self._failure(e, exc))
-
-    async def _run_stream(self, ident: bytes, e: _Entry, req: P.Request) -> None:
-        try:
-            if e.cancel_requested:
-                return self._finish(ident, e, P.done_reply(e.id, "abort", None))
-            e.started = True
-            async with contextlib.aclosing(self.engine.stream(req.prompt, req.params, request_id=e.name)) as it:
-                async for d in it:
-                    if (d.text or d.token_ids) and not self._send(ident, P.delta_reply(e.id, d.text, d.token_ids)):
-                        self._forget(ident, e)
-                        return  # client gone: closing the stream aborts the request in the engine
-                    if d.finished:
-                        return self._finish(ident, e, P.done_reply(e.id, d.finish_reason or "abort", d.stats))
-            self._finish(ident, e, P.done_reply(e.id, "abort", None))
-        except asyncio.CancelledError:
-            self._finish(ident, e, P.error_reply(e.id, P.ENGINE_DEAD, "server shutting down", e.t))
-            raise
-        except Exception as exc:
-            self._finish(ident, e, self._failure(e, exc))
 
 
 def _source_fd(frame: zmq.Frame) -> int | None:
