@@ -3,7 +3,7 @@
 (a) k + 1 = 4 new tokens per row, (b) Tetris-like ragged rows (1..7 tokens, about as many tokens in all),
 (c) 7 tokens per row (every row at k + e + 1). One thread; the three alternate within each repeat.
 
-    python scripts/ragged_forward.py [--batch 32] [--repeats 15]
+    python scripts/ragged_forward.py [--batch 32] [--repeats 15] [--target DIR]
 """
 
 import argparse
@@ -21,9 +21,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--target", default=DEFAULT_TARGET)
     a = p.parse_args()
     torch.set_num_threads(1)
-    runner = ModelRunner.from_pretrained(DEFAULT_TARGET, 65536, 16)
+    runner = ModelRunner.from_pretrained(a.target, 65536, 16)
     rids = list(range(a.batch))
     for r in rids:
         runner.cache.allocate(r, 256)

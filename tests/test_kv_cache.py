@@ -262,7 +262,14 @@ def test_runner_num_logits_validation(llama_runner):
         llama_runner.forward(["y"], [[]], num_logits=1)
     # a row shorter than num_logits (ragged Tetris drafts) is right-aligned, led by copies of its first logits
     llama_runner.cache.allocate("z", 16)
-    out = llama_runner.forward(["y", "z"], [[1], [1, 2, 3]], num_logits=3)
+    rows = []
+    hook = llama_runner.lm_head.register_forward_hook(
+        lambda m, args, out: rows.append(args[0].numel() // args[0].shape[-1]))
+    try:
+        out = llama_runner.forward(["y", "z"], [[1], [1, 2, 3]], num_logits=3)
+    finally:
+        hook.remove()
+    assert rows == [4]  # the LM head runs once per distinct token (1 + 3), the repeats are copies
     ref_z = hf_logits(llama_runner.model, [1, 2, 3])
     torch.testing.assert_close(out[1], ref_z, atol=ATOL, rtol=0)
     for j in range(3):

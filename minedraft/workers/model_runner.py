@@ -272,15 +272,21 @@ class ModelRunner:
         if real is not None:  # [B*T] position -> packed index
             packed = torch.full((B * T,), -1, dtype=torch.long, device=self.device)
             flat = packed.index_copy_(0, real, torch.arange(N, device=self.device))[flat]
+        # a row with fewer new tokens than num_logits repeats its first one: the LM head (the widest matmul)
+        # then runs once per distinct token and the repeats are copied, not recomputed (ragged Tetris rows)
+        inv = None
+        if min(map(len, token_lists)) < num_logits:
+            flat, inv = flat.unique(return_inverse=True)
         if hidden:  # every real token's final-norm state; the logits read the same rows
             states = self.norm(h[0])
-            h = states.index_select(0, flat).view(B, -1, h.shape[-1])
+            h = states.index_select(0, flat)
         else:
-            h = self.norm(h[0].index_select(0, flat)).view(B, -1, h.shape[-1])  # [B, n, H]
-        logits = self.lm_head(h).float()
+            h = self.norm(h[0].index_select(0, flat))
+        logits = self._logits(self.lm_head(h).float())
+        logits = (logits if inv is None else logits.index_select(0, inv)).view(B, num_logits, -1)
         if hidden:
-            return self._logits(logits), list(states.split([len(t) for t in token_lists]))
-        return self._logits(logits)
+            return logits, list(states.split([len(t) for t in token_lists]))
+        return logits
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         if self.token_ids is None:
