@@ -233,6 +233,12 @@ def test_verify_batch_tokens_are_possible_and_greedy_rows_exact(V, K, B, seed, s
     q = torch.stack(qs, 1) if K and qs[0] is not None else None
     counts = torch.randint(0, K + 1, (B,), generator=g)
     n, tok = verify_batch(logits, drafts, counts, q, rp, pos)
+    # the runner's packed form (distinct rows in any order, an index into them; places past a row's count
+    # may read any row, here its last valid one) gives the same verdicts
+    perm = torch.randperm(B * (K + 1), generator=g)
+    index = perm.argsort().view(B, K + 1)
+    index = index.gather(1, torch.minimum(torch.arange(K + 1)[None, :], counts[:, None]))
+    assert verify_batch(logits.reshape(-1, V)[perm], drafts, counts, q, rp, pos, index) == (n, tok)
     p = process_batch(logits, rp)
     for b in range(B):
         c = int(counts[b])

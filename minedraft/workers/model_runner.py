@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
+from ..batch_sampling import take_rows
 from ..cache import PagedKVCache
 
 try:  # location is stable across transformers 4.4x and 5.x
@@ -182,7 +183,7 @@ class ModelRunner:
     # -- forward -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, seq_ids: list, token_lists: list[list[int]], num_logits: int = 1,
-                features: list[torch.Tensor] | None = None, hidden: bool = False):
+                features: list[torch.Tensor] | None = None, hidden: bool = False, packed: bool = False):
         """Append token_lists[i] to sequence seq_ids[i]'s cache; return logits [B, num_logits, V] (float32)
         of each sequence's last num_logits new tokens, right-aligned: a row with n < num_logits new tokens
         (ragged Tetris drafts) fills its first num_logits - n places with copies of its first token's logits.
@@ -193,16 +194,22 @@ class ModelRunner:
 
         Rows of very different lengths (a long prefill beside decodes) run as separate padded groups so a
         prompt does not make every decode row pay for its length.
+
+        packed=True returns the logits as (rows [M, V], index [B, num_logits]) with rows[index] the tensor
+        above: each distinct logit row once, so a caller that reorders them (the verifier) copies them once.
         """
         if (features is None) != (self.fc is None):
             raise ValueError("a feature-conditioned draft needs features, and only it takes them")
         if not seq_ids:
-            empty = torch.empty(0, num_logits, self.vocab_size)
-            return (empty, []) if hidden else empty
+            rows = torch.empty(0, self.vocab_size)
+            index = torch.empty(0, num_logits, dtype=torch.long)
+            logits = (rows, index) if packed else take_rows(rows, index)
+            return (logits, []) if hidden else logits
         if any(not toks for toks in token_lists):
             raise ValueError("each sequence needs at least one new token")
         order = sorted(range(len(seq_ids)), key=lambda i: len(token_lists[i]))
-        out = torch.empty(len(seq_ids), num_logits, self.vocab_size, dtype=torch.float32, device=self.device)
+        parts: list[torch.Tensor] = []
+        index = torch.empty(len(seq_ids), num_logits, dtype=torch.long, device=self.device)
         states: list = [None] * len(seq_ids)
         group: list[int] = []
         for i in order + [None]:
@@ -211,20 +218,24 @@ class ModelRunner:
             if i is not None and (not group or len(token_lists[i]) <= max(2 * len(token_lists[group[0]]) + 4, 16)):
                 group.append(i)
                 continue
-            res = self._forward_group([seq_ids[j] for j in group], [token_lists[j] for j in group], num_logits,
-                                      None if features is None else [features[j] for j in group], hidden)
-            if hidden:
-                res, hs = res
-                for j, h in zip(group, hs):
-                    states[j] = h
-            out[group] = res
+            rows, idx, hs = self._forward_group([seq_ids[j] for j in group], [token_lists[j] for j in group],
+                                                num_logits, None if features is None else [features[j] for j in group],
+                                                hidden)
+            for j, h in zip(group, hs or ()):
+                states[j] = h
+            index[group] = idx + sum(x.shape[0] for x in parts)
+            parts.append(rows)
             group = [i] if i is not None else []
-        return (out, states) if hidden else out
+        rows = parts[0] if len(parts) == 1 else torch.cat(parts)
+        logits = (rows, index) if packed else take_rows(rows, index)
+        return (logits, states) if hidden else logits
+
 
     def _forward_group(self, seq_ids, token_lists, num_logits, features=None, hidden=False):
         """Token-wise work (embeddings, projections, MLPs) runs on the real tokens only, packed [1, N, H]:
         rows with fewer new tokens (ragged Tetris drafts, decodes beside a prefill) cost only their tokens.
-        Attention runs padded, [B, heads, T, S], against the paged cache."""
+        Attention runs padded, [B, heads, T, S], against the paged cache. Returns (logit rows [M, V], index
+        [B, num_logits] into them, the final-norm states per row or None)."""
         p = self._plan(seq_ids, token_lists, num_logits)
         B, T = p.input_ids.shape
         real = p.real_rows
@@ -273,20 +284,19 @@ class ModelRunner:
             packed = torch.full((B * T,), -1, dtype=torch.long, device=self.device)
             flat = packed.index_copy_(0, real, torch.arange(N, device=self.device))[flat]
         # a row with fewer new tokens than num_logits repeats its first one: the LM head (the widest matmul)
-        # then runs once per distinct token and the repeats are copied, not recomputed (ragged Tetris rows)
-        inv = None
+        # runs once per distinct token (ragged Tetris rows), and index says which row each place reads
         if min(map(len, token_lists)) < num_logits:
-            flat, inv = flat.unique(return_inverse=True)
+            flat, index = flat.unique(return_inverse=True)
+        else:
+            index = torch.arange(flat.numel(), device=self.device)
         if hidden:  # every real token's final-norm state; the logits read the same rows
             states = self.norm(h[0])
             h = states.index_select(0, flat)
         else:
             h = self.norm(h[0].index_select(0, flat))
-        logits = self._logits(self.lm_head(h).float())
-        logits = (logits if inv is None else logits.index_select(0, inv)).view(B, num_logits, -1)
-        if hidden:
-            return logits, list(states.split([len(t) for t in token_lists]))
-        return logits
+        rows = self._logits(self.lm_head(h).float())
+        hs = list(states.split([len(t) for t in token_lists])) if hidden else None
+        return rows, index.view(B, num_logits), hs
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         if self.token_ids is None:

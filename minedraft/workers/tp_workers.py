@@ -150,9 +150,9 @@ class LeaderRunner:
         self._ops.clear()
         send_step(ops, self._group, self._timeout)
 
-    def forward(self, seq_ids, token_lists, num_logits: int = 1):
-        self._flush(encode_forward(seq_ids, token_lists, num_logits))
-        return self._runner.forward(seq_ids, token_lists, num_logits)
+    def forward(self, seq_ids, token_lists, num_logits: int = 1, packed: bool = False):
+        self._flush(encode_forward(seq_ids, token_lists, num_logits))  # followers run the same rows
+        return self._runner.forward(seq_ids, token_lists, num_logits, packed=packed)
 
     def stop_followers(self) -> None:
         self._flush([STOP])

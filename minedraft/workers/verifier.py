@@ -70,17 +70,16 @@ class Verifier:
         feed = [s.tokens[cache.length(r):] + d for r, s, d in zip(rids, seqs, drafts)]
         states = None
         if self.features:
-            logits, states = self.runner.forward(rids, feed, K + 1, hidden=True)
+            (rows, index), states = self.runner.forward(rids, feed, K + 1, hidden=True, packed=True)
         else:
-            logits = self.runner.forward(rids, feed, K + 1)
+            rows, index = self.runner.forward(rids, feed, K + 1, packed=True)
         counts_t = torch.tensor(counts, dtype=torch.long, device=dev)
         if K and min(counts) < K:  # right-aligned by the runner -> position j of row b at column j
-            idx = (K - counts_t[:, None] + torch.arange(K + 1, device=dev)[None, :]).clamp(max=K)
-            logits = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))
+            index = index.gather(1, (K - counts_t[:, None] + torch.arange(K + 1, device=dev)[None, :]).clamp(max=K))
         pad = torch.tensor([d + [0] * (K - len(d)) for d in drafts], dtype=torch.long, device=dev).view(len(rids), K)
         rp = RowParams.of([s.params for s in seqs], [s.seed for s in seqs], dev)
         pos0 = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.long, device=dev)
-        ns, toks = verify_batch(logits, pad, counts_t, q, rp, pos0)
+        ns, toks = verify_batch(rows, pad, counts_t, q, rp, pos0, index)  # copies the logits once at most
         results = []
         for i, (rid, s, d, c, n, tok) in enumerate(zip(rids, seqs, drafts, counts, ns, toks)):
             new, reason = self._cut(s, d[:n] + [tok])
