@@ -3,9 +3,14 @@
 
 Plain keeps k drafts for every row; Tetris drafts k + e per row and keeps the batch's k x B best-ranked
 prefixes (the default capacity), so both score the same number of draft tokens per step. On this project's
-2-core box a host's speed drifts by 20-30% over minutes, so the two settings run in alternating rounds with the
-same workload (warm-up, then --reps runs, all requests at once, ignore_eos; greedy unless --temperature); figures are medians over
-rounds of each round's median, every output is checked against plain's, and ratios are printed last.
+2-core box a host's speed drifts by 20-30% over minutes, so the two settings run in alternating rounds with
+the same workload (warm-up, then --reps runs, all requests at once, ignore_eos; greedy unless --temperature);
+figures are medians over rounds of each round's median, greedy outputs are checked against plain's, and
+ratios are printed last.
+
+With --requests above B the batches stay full until the queue drains (serving). With B requests (one closed
+batch) Tetris also pays a longer ragged tail: it gives drafts to the rows it is sure of, they finish first,
+and the last steps run with fewer rows.
 
     python scripts/tetris_ab.py --batch 16 32 --k 1 2 --rounds 3
     python scripts/tetris_ab.py --target DIR --draft DIR --chat --batch 16 32 --k 1 --max-tokens 32
