@@ -118,12 +118,8 @@ def sample_draft_step(logits: torch.Tensor, rp: RowParams, pos: torch.Tensor, dr
 
 
 def take_rows(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """rows [M, V] read at index [B, n] -> [B, n, V]: a view when index is 0, 1, 2, ... (each row once, in
-    order), else one copy."""
-    flat = index.reshape(-1)
-    if flat.numel() == rows.shape[0] and bool((flat == torch.arange(flat.numel(), device=flat.device)).all()):
-        return rows.view(*index.shape, rows.shape[-1])
-    return rows.index_select(0, flat).view(*index.shape, rows.shape[-1])
+    """rows [M, V] read at index [B, n] -> [B, n, V] (one copy, no host/device sync)."""
+    return rows.index_select(0, index.reshape(-1)).view(*index.shape, rows.shape[-1])
 
 
 def verify_batch(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tensor, q: torch.Tensor | None,
@@ -136,15 +132,14 @@ def verify_batch(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tenso
     no row is sampled. With index [B, K+1], logits are distinct rows [M, V] and row b's position j reads
     logits[index[b, j]] (the runner's packed output): a greedy batch then takes each row's argmax once and
     never copies the logits. Returns (accepted drafts per row, the token that follows them): one sync."""
-    greedy_choice = None
+    choice = None
     if index is not None:
         if rp.any_sampled:
             logits = take_rows(logits, index)
         else:
-            greedy_choice = logits.argmax(-1)[index]
-    B, T = index.shape if greedy_choice is not None else logits.shape[:2]
-    V = logits.shape[-1]
-    K = T - 1
+            choice = logits.argmax(-1)[index]  # greedy only: each distinct row's argmax, no copy
+    B, K = drafts.shape
+    T, V = K + 1, logits.shape[-1]
     dev = logits.device
     j = torch.arange(T, device=dev)
     pos = pos0[:, None] + j[None, :]
@@ -154,9 +149,7 @@ def verify_batch(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tenso
     # position and a full distribution at one position per row, not p over all [B, K+1, V]
     p = process_batch(logits, rp) if full else None
     x = None if full or not rp.any_plain else logits.float() / rp.temperature[:, None, None]  # greedy: unused
-    if greedy_choice is not None:
-        choice = greedy_choice
-    else:
+    if choice is None:
         choice = logits.argmax(-1) if rp.any_greedy else torch.zeros(B, T, dtype=torch.long, device=dev)
     if rp.any_coupled:
         choice[rp.coupled] = _coupled_choice(p, rp, pos)

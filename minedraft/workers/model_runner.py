@@ -209,6 +209,7 @@ class ModelRunner:
             raise ValueError("each sequence needs at least one new token")
         order = sorted(range(len(seq_ids)), key=lambda i: len(token_lists[i]))
         parts: list[torch.Tensor] = []
+        offset = 0
         index = torch.empty(len(seq_ids), num_logits, dtype=torch.long, device=self.device)
         states: list = [None] * len(seq_ids)
         group: list[int] = []
@@ -223,13 +224,18 @@ class ModelRunner:
                                                 hidden)
             for j, h in zip(group, hs or ()):
                 states[j] = h
-            index[group] = idx + sum(x.shape[0] for x in parts)
+            index[group] = idx + offset
+            offset += rows.shape[0]
             parts.append(rows)
             group = [i] if i is not None else []
         rows = parts[0] if len(parts) == 1 else torch.cat(parts)
-        logits = (rows, index) if packed else take_rows(rows, index)
+        if packed:
+            logits = (rows, index)
+        elif len(parts) == 1 and order == list(range(len(order))) and min(map(len, token_lists)) >= num_logits:
+            logits = rows.view(len(seq_ids), num_logits, -1)  # rows already in order, none repeated: no copy
+        else:
+            logits = take_rows(rows, index)
         return (logits, states) if hidden else logits
-
 
     def _forward_group(self, seq_ids, token_lists, num_logits, features=None, hidden=False):
         """Token-wise work (embeddings, projections, MLPs) runs on the real tokens only, packed [1, N, H]:
