@@ -13,7 +13,7 @@ __all__ = ["Engine", "Client", "EngineConfig", "SamplingParams", "GenerationResu
 __version__ = "0.1.0"
 
 # public name -> the submodule that defines it
-_LAZY = {"Engine": "engine", "Client": "client", "EngineConfig": "config", "SamplingParams": "sampling_params",
+_LAZY = {"Engine": "engine.engine", "Client": "client", "EngineConfig": "config", "SamplingParams": "sampling_params",
          "GenerationResult": "outputs", "RequestStats": "outputs", "StreamDelta": "outputs",
          "MinedraftError": "errors", "InvalidRequestError": "errors", "OverloadedError": "errors",
          "EngineDeadError": "errors", "RequestAbortedError": "errors"}

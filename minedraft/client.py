@@ -7,7 +7,7 @@
 
 One DEALER socket carries any number of concurrent requests; replies are routed by request id. Error replies
 raise the minedraft error of their code (InvalidRequestError, OverloadedError, EngineDeadError, and the
-protocol's own in minedraft.protocol). With CURVE, pass the server's public key (z85 text or a key file);
+protocol's own in minedraft.serving.zmq.protocol). With CURVE, pass the server's public key (z85 text or a key file);
 the client makes itself a throwaway keypair unless given one.
 """
 
@@ -21,7 +21,7 @@ from typing import AsyncIterator
 import zmq
 import zmq.asyncio
 
-from . import protocol as P
+from .serving.zmq import protocol as P
 from .outputs import GenerationResult, StreamDelta
 from .sampling_params import SamplingParams
 
@@ -43,7 +43,7 @@ class Client:
         """timeout: seconds to wait for each reply (generate's result, each stream message, acks), the request's
         own send included; None waits forever. On timeout a generate/stream is cancelled on the server and
         TimeoutError is raised."""
-        from .server_access import coerce_key
+        from .serving.zmq.access import coerce_key
         self.endpoint, self.timeout = endpoint, timeout
         self._server_key = coerce_key(server_public_key, "public") if server_public_key is not None else None
         if (client_public_key is None) != (client_secret_key is None):

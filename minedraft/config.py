@@ -6,6 +6,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+PROMPT_CHARS_PER_TOKEN = 16  # a prompt string over this many characters per allowed token is refused before
+#                               tokenizing (a cheap bound the engine and both servers share)
+
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 DEFAULT_TARGET = str(MODELS_DIR / "tiny-target")
 DEFAULT_DRAFT = str(MODELS_DIR / "tiny-draft")

@@ -57,7 +57,7 @@ class Serve:
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         models = [x for k in ("target", "draft") if getattr(args, k) for x in (f"--{k}", getattr(args, k))]
         env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "minedraft.cli", "serve", "--bind", self.endpoint,
+        self.proc = subprocess.Popen([sys.executable, "-m", "minedraft", "serve", "--bind", self.endpoint,
                                       "--log-level", "error", *models], stdout=subprocess.PIPE, env=env)
         line = self.proc.stdout.readline().decode()
         if "listening on" not in line:
@@ -199,7 +199,7 @@ async def attack_sigterm(args, out: dict) -> None:
 
 async def attack_engine(args, out: dict) -> None:
     from minedraft.config import EngineConfig
-    from minedraft.engine import Engine
+    from minedraft.engine.engine import Engine
     kw = {k: getattr(args, k) for k in ("target", "draft") if getattr(args, k)}
     if "heartbeat_timeout_s" in EngineConfig.__dataclass_fields__:  # absent before liveness existed
         kw["heartbeat_timeout_s"] = args.heartbeat

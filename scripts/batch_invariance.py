@@ -14,7 +14,7 @@ import asyncio
 
 import minedraft
 from minedraft import Engine, EngineConfig, SamplingParams
-from minedraft.bench import corpus_prompts
+from minedraft.bench.runner import corpus_prompts
 from minedraft.config import DEFAULT_TARGET
 
 

@@ -18,9 +18,9 @@ import argparse
 import asyncio
 import statistics
 
-from minedraft.bench import chat_prompts, corpus_prompts, run_workload
+from minedraft.bench.runner import chat_prompts, corpus_prompts, run_workload
 from minedraft.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
-from minedraft.engine import Engine
+from minedraft.engine.engine import Engine
 from minedraft.sampling_params import SamplingParams
 
 

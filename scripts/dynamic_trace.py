@@ -20,9 +20,9 @@ import asyncio
 import statistics
 from collections import Counter
 
-from minedraft.bench import corpus_prompts, run_workload
+from minedraft.bench.runner import corpus_prompts, run_workload
 from minedraft.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
-from minedraft.engine import Engine
+from minedraft.engine.engine import Engine
 from minedraft.sampling_params import SamplingParams
 
 

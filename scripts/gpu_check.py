@@ -126,10 +126,10 @@ def tp_check(target: str, draft: str, cpu: bool, prompts: int = 8, max_tokens: i
     if not cpu and n < 2:
         return f"target_tp=2: skipped, {n} GPU visible (needs 2)"
     import asyncio
-    from minedraft.bench import corpus_prompts
+    from minedraft.bench.runner import corpus_prompts
     from minedraft.config import EngineConfig
-    from minedraft.engine import Engine
-    from minedraft.local_engine import LocalEngine
+    from minedraft.engine.engine import Engine
+    from minedraft.engine.local_engine import LocalEngine
     from minedraft.sampling_params import SamplingParams
     from minedraft.workers.tp_workers import rank_device
 
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     print(f"built models in {time.time() - t:.0f} s; agreement forced by construction at {a.agree:.0%} per token "
           f"(zeroed residual branches, permutation heads)", flush=True)
     print(tp_check(target, draft, a.cpu_smoke), flush=True)
-    from minedraft.bench import main as bench
+    from minedraft.bench.runner import main as bench
     plot = a.plot or default_plot_path()
     os.makedirs(os.path.dirname(os.path.abspath(plot)), exist_ok=True)
     args = ["--target", target, "--draft", draft, "--dtype", "bfloat16", "--repeats", str(a.repeats),

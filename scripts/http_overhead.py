@@ -12,11 +12,11 @@ import asyncio
 import statistics
 import time
 
-from minedraft.bench import corpus_prompts
+from minedraft.bench.runner import corpus_prompts
 from minedraft.config import EngineConfig
-from minedraft.engine import Engine
-from minedraft.http.app import create_app
-from minedraft.http.serve import HTTPServer, bind_socket
+from minedraft.engine.engine import Engine
+from minedraft.serving.http.app import create_app
+from minedraft.serving.http.serve import HTTPServer, bind_socket
 
 
 async def main(a) -> None:

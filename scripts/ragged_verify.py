@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from minedraft.batch_sampling import RowParams, verify_batch
+from minedraft.spec.batch_sampling import RowParams, verify_batch
 from minedraft.config import DEFAULT_TARGET
 from minedraft.sampling_params import SamplingParams
 from minedraft.workers.model_runner import ModelRunner

@@ -3,7 +3,7 @@
 answers: at every position the draft's confidence (largest probability), greedy agreement (same argmax) and the
 T = 1 acceptance probability of rejection sampling, 1 - TV(p, q). Then a simulated step at batch B with
 expected acceptances: plain keeps 1 draft per row, Tetris drafts 3 and keeps the B best prefixes
-(minedraft/tetris.py's selection); ratios of expected accepted drafts are printed last.
+(minedraft/spec/tetris.py's selection); ratios of expected accepted drafts are printed last.
 
     python scripts/rank_signal.py                                     # bundled pair, corpus prompts
     python scripts/rank_signal.py --target ~/.cache/minedraft/models/smollm2-135m \\
@@ -14,9 +14,9 @@ import argparse
 
 import torch
 
-from minedraft.bench import chat_prompts, corpus_prompts
+from minedraft.bench.runner import chat_prompts, corpus_prompts
 from minedraft.config import DEFAULT_DRAFT, DEFAULT_TARGET
-from minedraft.tetris import scores, select
+from minedraft.spec.tetris import scores, select
 from minedraft.workers.model_runner import ModelRunner
 from tetris_ceiling import greedy_answers  # scripts/ is on the path when run as a script
 

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from minedraft.batch_sampling import RowParams, sample_draft_step, verify_batch
-from minedraft.sampling import accept, make_generator, sample_draft
+from minedraft.spec.batch_sampling import RowParams, sample_draft_step, verify_batch
+from minedraft.spec.sampling import accept, make_generator, sample_draft
 from minedraft.sampling_params import SamplingParams
 
 

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minedraft.diagnostics import process_alive as alive, shm_exists
+from minedraft.engine.diagnostics import process_alive as alive, shm_exists
 
 WORDS = ("the for statement while class def return import lambda yield with try except raise global "
          "nonlocal object method function module string list dict value print if else elif break").split()
@@ -158,7 +158,7 @@ class ServerAPI:
         return self._c(rid).stream(prompt, params, request_id=rid)
 
     async def cancel(self, rid):
-        from minedraft.protocol import UnknownRequestError
+        from minedraft.serving.zmq.protocol import UnknownRequestError
         with contextlib.suppress(UnknownRequestError):  # it had finished already
             await self._c(rid).cancel(rid, timeout=30)
 
@@ -301,7 +301,7 @@ class Phase:
 
 # -- a phase -----------------------------------------------------------------------------------------------------
 async def run_phase(name, cfg, plan, args, rss: RSSWatch, bar) -> Phase:
-    from minedraft.engine import Engine
+    from minedraft.engine.engine import Engine
 
     ph = Phase(name)
     ph.parent_rss_start = proc_kb("self", "VmRSS")
@@ -311,7 +311,7 @@ async def run_phase(name, cfg, plan, args, rss: RSSWatch, bar) -> Phase:
     server = clients = None
     if name == "server":
         from minedraft.client import Client
-        from minedraft.server import Server
+        from minedraft.serving.zmq.server import Server
         server = await Server(engine, "tcp://127.0.0.1:*").start()
         clients = [Client(server.endpoint).connect() for _ in range(4)]
         api = ServerAPI(clients)
@@ -445,7 +445,7 @@ async def send_garbage(endpoint: str, seed: int, n: int = 40) -> tuple[int, int]
 def reference(cfg, plan: list[Req]) -> dict[int, list[int]]:
     """Target-alone greedy and standard-SD sampled outputs, in process, for every non-invalid request."""
     from minedraft.config import EngineConfig
-    from minedraft.local_engine import LocalEngine
+    from minedraft.engine.local_engine import LocalEngine
     from minedraft.sampling_params import SamplingParams
 
     out: dict[int, list[int]] = {}
@@ -574,7 +574,7 @@ def resolve_models(args) -> tuple[str, str]:
 def server_available() -> str | None:
     try:
         from minedraft.client import Client  # noqa: F401
-        from minedraft.server import Server  # noqa: F401
+        from minedraft.serving.zmq.server import Server  # noqa: F401
     except Exception as e:  # not written yet, or broken
         return f"{type(e).__name__}: {e}"
     return None
@@ -611,7 +611,7 @@ async def amain(args) -> int:
     if "server" in phases_wanted:
         why = server_available()
         if why:
-            print(f"note: server phase skipped, minedraft.server/client unavailable ({why})")
+            print(f"note: server phase skipped, minedraft.serving.zmq.server/client unavailable ({why})")
             phases_wanted.remove("server")
     kinds = {k: sum(r.kind == k for r in plan) for k in ("greedy", "sampled", "cancel", "invalid")}
     print(f"soak: {args.n} requests per phase {kinds}, phases {phases_wanted}, models {target} / {draft}, "

@@ -35,14 +35,14 @@ import os
 import statistics
 import time
 
-from minedraft.bench import corpus_prompts
+from minedraft.bench.runner import corpus_prompts
 from minedraft.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
 try:
     from minedraft.cores import available_cores
 except ImportError:  # an older minedraft (before per-worker cores), for before/after runs
     def available_cores():
         return sorted(os.sched_getaffinity(0))
-from minedraft.engine import Engine
+from minedraft.engine.engine import Engine
 from minedraft.sampling_params import SamplingParams
 
 
@@ -61,8 +61,8 @@ def loops_main(conn, core: int, kw: dict, max_tokens: int) -> None:
     os.sched_setaffinity(0, {core})  # as a worker pins itself (minedraft/workers/process.py _pin)
     import torch
     torch.set_num_threads(1)
-    from minedraft.local_engine import LocalEngine
-    from minedraft.request_state import make_request
+    from minedraft.engine.local_engine import LocalEngine
+    from minedraft.engine.request_state import make_request
 
     local = LocalEngine(EngineConfig(**kw))
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)

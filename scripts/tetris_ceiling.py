@@ -6,7 +6,7 @@ position its confidence (largest probability) and whether its top token is the t
   1. calibration: agreement per confidence bin (Tetris ranks prefixes by cumulative log confidence, so it
      can only help if confidence predicts acceptance);
   2. a simulated greedy step at batch B: B random positions; plain keeps k drafts per row, Tetris drafts
-     k + e and keeps the k x B best prefixes across the batch (minedraft/tetris.py's own selection). A
+     k + e and keeps the k x B best prefixes across the batch (minedraft/spec/tetris.py's own selection). A
      chain's acceptance is the run of agreements from its position (exact for greedy: a chain is accepted
      only while it equals the target's tokens, and then the draft saw the target's tokens). Beyond the
      first miss the simulation reads the teacher-forced confidences, a stand-in for those of the
@@ -25,9 +25,9 @@ import argparse
 
 import torch
 
-from minedraft.bench import chat_prompts, corpus_prompts
+from minedraft.bench.runner import chat_prompts, corpus_prompts
 from minedraft.config import DEFAULT_DRAFT, DEFAULT_TARGET
-from minedraft.tetris import scores, select
+from minedraft.spec.tetris import scores, select
 from minedraft.workers.model_runner import ModelRunner
 
 

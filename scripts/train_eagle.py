@@ -48,7 +48,7 @@ def target_path(args) -> str:
         return args.target
     if args.data == "tiny":
         return str(TINY_TARGET)
-    from minedraft.hub import pair_dirs
+    from minedraft.models.hub import pair_dirs
     return str(pair_dirs("smollm2-135m")[0])
 
 

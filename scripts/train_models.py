@@ -114,7 +114,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
         model_max_length=1024,
         clean_up_tokenization_spaces=False,
     )
-    from minedraft.chat import CHATML_TEMPLATE
+    from minedraft.engine.chat import CHATML_TEMPLATE
     hf_tok.chat_template = CHATML_TEMPLATE  # so Engine.chat works on the bundled pair
     return hf_tok
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from minedraft.chat_prompts import held_out_prompts, train_prompts  # noqa: E402
+from minedraft.bench.prompts import held_out_prompts, train_prompts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORT = ROOT / "minedraft" / "models" / "smollm2-135m-draft"
@@ -38,7 +38,7 @@ AUTOCAST = True  # bf16 matmuls in training (3-4x faster on AMX/AVX512-BF16 host
 def target_dir(args) -> str:
     if args.target:
         return args.target
-    from minedraft.hub import pair_dirs
+    from minedraft.models.hub import pair_dirs
     return str(pair_dirs("smollm2-135m")[0])
 
 
@@ -127,7 +127,7 @@ def wide_prompts(tok) -> list[str]:
     """Many more topics than chat_prompts has: the English words of the target's vocabulary (single tokens,
     lowercase, 5-13 letters), one training template each. Words sharing a stem with a held-out topic are left out,
     so acceptance on the held-out prompts still measures unseen topics."""
-    from minedraft.chat_prompts import HELD_OUT_TOPICS, TRAIN_TEMPLATES, _topics
+    from minedraft.bench.prompts import HELD_OUT_TOPICS, TRAIN_TEMPLATES, _topics
     stems = {w[:5].lower() for t in _topics(HELD_OUT_TOPICS) for w in t.split() if len(w) >= 5}
     words = sorted(w[1:] for w in tok.get_vocab() if w.startswith("\u0120") and w[1:].isalpha()
                    and w[1:].islower() and 5 <= len(w) <= 14 and w[1:6] not in stems)
@@ -309,7 +309,7 @@ def phase_export(args):
 # -- eval ------------------------------------------------------------------------------------------------------
 def phase_eval(args):
     from minedraft.config import EngineConfig
-    from minedraft.local_engine import LocalEngine
+    from minedraft.engine.local_engine import LocalEngine
     from minedraft.sampling_params import SamplingParams
     from minedraft.workers.model_runner import ModelRunner
     from transformers import AutoTokenizer

@@ -24,7 +24,8 @@ import torch  # noqa: E402
 # The models here are tiny: intra-op threads only add synchronisation overhead (10-50x on a small shared box).
 torch.set_num_threads(int(os.environ.get("MINEDRAFT_TEST_THREADS", "1")))
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "minedraft" / "models"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODELS_DIR = REPO_ROOT / "minedraft" / "models"
 
 VOCAB = 300
 INIT_RANGE = 0.2      # peakier than HF's default 0.02, so greedy argmaxes have clear margins
@@ -126,3 +127,10 @@ def bundled_pair():
         if not (d / "config.json").exists() or not any(d.glob("*.safetensors")):
             pytest.skip(f"bundled model {d} not present (run scripts/train_models.py)")
     return str(target), str(draft)
+
+
+def engine_config(pair, target: str | None = None, **kw):
+    """An EngineConfig on a test pair: the pair's target (or `target`) and draft, then each test module's own
+    defaults and the test's overrides (modules bind theirs with functools.partial; later keywords win)."""
+    from minedraft.config import EngineConfig
+    return EngineConfig(target=target or pair.target, draft=pair.draft, **kw)

@@ -3,16 +3,19 @@ pinned to their sets with that many torch threads."""
 
 from __future__ import annotations
 
+import functools
+
 import os
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minedraft import cli
+from minedraft.cli import main as cli
 from minedraft.config import EngineConfig
 from minedraft.cores import available_cores, default_split, format_cores, parse_cores, resolve, threads_for
-from minedraft.engine import Engine
+from minedraft.engine.engine import Engine
+from conftest import engine_config
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity (Linux)")
 
@@ -95,9 +98,7 @@ async def _placement(cfg: EngineConfig) -> dict:
     return seen
 
 
-def _cfg(pair, **kw):
-    return EngineConfig(target=pair.target, draft=pair.draft, k=2, max_prompt_tokens=64, max_tokens_limit=16,
-                        kv_cache_tokens=2048, **kw)
+_cfg = functools.partial(engine_config, k=2, max_prompt_tokens=64, max_tokens_limit=16, kv_cache_tokens=2048)
 
 
 def test_threads_for_caps_by_env(monkeypatch):

@@ -23,11 +23,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from minedraft.cache.paged_kv import BlockAllocator, PagedKVCache
 from minedraft.errors import InvalidRequestError, MinedraftError
 from minedraft.ipc.codec import pack, unpack
-from minedraft.sampling import accept, process_logits
+from minedraft.spec.sampling import accept, process_logits
 from minedraft.sampling_params import SamplingParams
 
 try:
-    from minedraft import protocol as P
+    from minedraft.serving.zmq import protocol as P
 except ImportError:  # the network protocol is optional for this file
     P = None
 
@@ -333,7 +333,7 @@ def test_decoders_never_crash_or_hang_on_garbage(tmp_path):
         import msgpack
         from minedraft.ipc.codec import pack, unpack
         try:
-            from minedraft import protocol as P
+            from minedraft.serving.zmq import protocol as P
         except ImportError:
             P = None
         rng = random.Random(12345)
@@ -374,7 +374,7 @@ def test_decoders_never_crash_or_hang_on_garbage(tmp_path):
 
 
 # -- protocol (network requests) -------------------------------------------------------------------------------
-needs_protocol = pytest.mark.skipif(P is None, reason="minedraft.protocol not available")
+needs_protocol = pytest.mark.skipif(P is None, reason="minedraft.serving.zmq.protocol not available")
 
 REQ_KEYS = st.sampled_from(["v", "t", "id", "prompt", "params"]) | st.text(max_size=6)
 request_like = st.dictionaries(REQ_KEYS, msgpack_values | st.sampled_from(

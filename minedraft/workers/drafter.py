@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import tetris
-from ..batch_sampling import RowParams, sample_draft_step
+from ..spec import tetris
+from ..spec.batch_sampling import RowParams, sample_draft_step
 from ..sampling_params import SamplingParams
 from .model_runner import ModelRunner
-from .requests import NewRequest
+from ..ipc.messages import NewRequest
 
 
 @dataclass

@@ -16,7 +16,7 @@ from .process import POLL_MS, _Worker, drain, placement
 class DrafterProcess(_Worker):
     def setup(self):
         from .drafter import Drafter
-        from .requests import NewRequest
+        from ..ipc.messages import NewRequest
         self.NewRequest = NewRequest
         spec, a = self.spec, self.spec["addr"]
         self.k_max = spec["k"]

@@ -6,28 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..batch_sampling import RowParams, verify_batch
+from ..spec.batch_sampling import RowParams, verify_batch
 from ..sampling_params import SamplingParams
 from .model_runner import ModelRunner
-from .requests import NewRequest
-
-
-@dataclass
-class StepResult:
-    rid: int
-    new_tokens: list[int]        # accepted drafts + the verifier's token, cut at a stop / max_tokens
-    num_drafted: int
-    num_accepted: int
-    finish_reason: str | None    # "stop" | "length" | None (still running)
-    features: torch.Tensor | None = None  # for a feature-conditioned draft: the target's final-norm states
-    #                                       of the positions kept this step (not part of the message)
-
-    def to_msg(self) -> list:
-        return [self.rid, self.new_tokens, self.num_drafted, self.num_accepted, self.finish_reason]
-
-    @classmethod
-    def from_msg(cls, m) -> "StepResult":
-        return cls(m[0], list(m[1]), m[2], m[3], m[4])
+from ..ipc.messages import NewRequest, StepResult
 
 
 @dataclass

@@ -17,7 +17,7 @@ from .process import POLL_MS, _Worker, drain, placement
 
 class VerifierProcess(_Worker):
     def setup(self):
-        from .requests import NewRequest
+        from ..ipc.messages import NewRequest
         from .verifier import Verifier
         self.NewRequest = NewRequest
         spec, a = self.spec, self.spec["addr"]

@@ -1,0 +1,109 @@
+"""The bench's fair baselines and its headline.
+
+A user who does not run minedraft would run the target alone (or standard speculative decoding) in one process on
+every core the machine gives them, so those are the rows minedraft has to beat: `LocalEngine` in this process with
+one torch thread per core the engine may use. The headline compares minedraft's best row with the best row of any
+other kind in the same workload (same batch size and arrival rate), not only with SD through the same processes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from ..config import EngineConfig
+from ..cores import available_cores, threads_for
+
+IN_PROCESS_AR = "in-process target alone"
+IN_PROCESS_SD = "in-process sequential SD"
+
+
+def _pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
+
+
+def _metrics(results, wall: float) -> dict:
+    st = [r.stats for r in results]
+    out = sum(len(r.token_ids) for r in results)
+    drafted = sum(s.draft_tokens for s in st)
+    return {"tok_s": out / wall, "lat_p50": _pct([s.latency_s for s in st], 0.5),
+            "lat_p99": _pct([s.latency_s for s in st], 0.99), "ttft_p50": _pct([s.ttft_s for s in st], 0.5),
+            "accept": sum(s.accepted_tokens for s in st) / drafted if drafted else 0.0,
+            "mean_len": out / max(sum(s.steps for s in st), 1)}
+
+
+def in_process_rows(args, points, prompts_for, params, reference, bar) -> list[tuple[str, dict]]:
+    """Target alone and sequential SD with LocalEngine in this process, on all the engine's cores.
+
+    points: (k, B, rate) as in the engine rows; arrival rates do not apply to a synchronous loop, so each (k, B) is
+    run once with every request submitted at once and labelled with the rows of that B without a rate.
+    prompts_for(B, rep) gives the same prompts the engine rows got; reference[(B, None, rep)] the engine's
+    target-alone outputs for them (greedy), to check the in-process rows are lossless too."""
+    import torch
+
+    from ..engine.local_engine import LocalEngine
+    threads = threads_for(available_cores())  # what the engine's workers would use on all these cores
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    rows = []
+    kw = dict(target=args.target, draft=args.draft, max_batch_size=max(b for _, b, _ in points),
+              max_tokens_limit=max(args.max_tokens, 16), kv_cache_tokens=args.kv_cache_tokens, dtype=args.dtype)
+    try:
+        for mode, ks in (("autoregressive", [None]), ("sequential", sorted({k for k, _, _ in points}))):
+            if mode not in args.modes:
+                continue
+            for k in ks:
+                engine = LocalEngine(EngineConfig(mode=mode, k=k or 1, **kw))
+                engine.generate(prompts_for(2, -1), params)  # warm-up
+                for b in sorted({b for _, b, _ in points}):
+                    runs, same, total = [], 0, 0
+                    for rep in range(args.repeats):
+                        prompts = prompts_for(b * args.waves, rep)
+                        t0 = time.perf_counter()
+                        res = engine.generate(prompts, params)
+                        runs.append(_metrics(res, time.perf_counter() - t0))
+                        ref = reference.get((b, None, rep))
+                        if ref is not None:
+                            same += sum(r.token_ids == x for r, x in zip(res, ref))
+                            total += len(res)
+                        bar.update(1)
+                    m = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+                    if total:
+                        m["same"] = same / total
+                    name = f"{IN_PROCESS_AR if mode == 'autoregressive' else IN_PROCESS_SD} ({threads} threads)"
+                    rows.append((name + (f" k={k}" if k else "") + f" B={b}", m))
+    finally:
+        torch.set_num_threads(before)
+    return rows
+
+
+def in_process_runs(args, points) -> int:
+    """How many timed runs in_process_rows will make (for the progress bar)."""
+    n_b = len({b for _, b, _ in points})
+    per = (1 if "autoregressive" in args.modes else 0) + (len({k for k, _, _ in points})
+                                                          if "sequential" in args.modes else 0)
+    return per * n_b * args.repeats
+
+
+def _group(name: str) -> str:
+    return name[name.index(" B=") + 1:] if " B=" in name else ""
+
+
+def headline(rows: list[tuple[str, dict]]) -> str:
+    """One line: per workload, minedraft's best row over the best row of every other kind."""
+    parts = []
+    for g in dict.fromkeys(_group(n) for n, _ in rows if _group(n)):
+        grp = [(n, m) for n, m in rows if _group(n) == g]
+        md = [(n, m) for n, m in grp if n.startswith("minedraft")]
+        other = [(n, m) for n, m in grp if not n.startswith("minedraft")]
+        if not md or not other:
+            continue
+        bn, bm = max(md, key=lambda x: x[1]["tok_s"])
+        on, om = max(other, key=lambda x: x[1]["tok_s"])
+        strip = lambda n: n[:n.index(" B=")]  # noqa: E731
+        parts.append(f"[{g}] {bm['tok_s'] / om['tok_s']:.2f}x ({strip(bn)} {bm['tok_s']:.0f} tok/s vs "
+                     f"{strip(on)} {om['tok_s']:.0f} tok/s)")
+    if not parts:
+        return "headline: no workload has both a minedraft row and another row to compare"
+    return "headline: minedraft's best over the best other row, same hardware: " + "; ".join(parts)

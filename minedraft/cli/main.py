@@ -1,0 +1,335 @@
+"""The `minedraft` command: generate, serve, keygen, bench.
+
+    minedraft generate "def fibonacci(n):" --max-tokens 64
+    minedraft serve --bind tcp://127.0.0.1:5555
+    minedraft keygen --out-dir keys
+    minedraft bench ...            (arguments go to minedraft.bench.runner)
+
+Heavy modules (torch, transformers, the engine) are imported only inside the subcommands that need them, so
+`--help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+
+from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig
+from .common import (DEFAULT_MAX_QUEUED_REPLIES, PROG, _cores, _default, _engine_kw, _fail,
+                     _Formatter, _name_options, _positive_int, _quiet_libraries, _run_async)
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models and engine")
+    g.add_argument("--target", default=DEFAULT_TARGET, metavar="DIR",
+                   help="target model directory (weights + tokenizer; loaded from local files only) "
+                        "(default: the tiny pair bundled with minedraft, %(default)s)")
+    g.add_argument("--draft", default=DEFAULT_DRAFT, metavar="DIR",
+                   help="draft model directory; must share the target's tokenizer (default: %(default)s)")
+    g.add_argument("--model", default=None, metavar="NAME",
+                   help="a named pair instead of --target/--draft: 'tiny' (bundled) or a pulled one such as "
+                        "smollm2-135m (see `minedraft models list`)")
+    g.add_argument("--mode", choices=MODES, default=_default("mode"),
+                   help="minedraft: draft one batch while verifying the other; sequential: standard "
+                        "speculative decoding; autoregressive: target alone")
+    g.add_argument("--k", type=int, default=_default("k"), metavar="K",
+                   help="draft tokens per speculative step (1..16; ignored in autoregressive mode)")
+    g.add_argument("--adaptive-k", "--dynamic", action="store_true", dest="adaptive_k",
+                   help="dynamic speculation: pick the draft budget per step (0..--k, 0 = plain decoding) from "
+                        "measured draft/verify cost and acceptance, per batch size")
+    g.add_argument("--tetris", action="store_true", help="draft k + --tetris-extra tokens per request and verify "
+                   "only the batch's --tetris-capacity most promising draft prefixes")
+    g.add_argument("--tetris-capacity", type=_positive_int, default=None, metavar="C",
+                   help="draft tokens verified per step with --tetris (default: k x requests in the batch)")
+    g.add_argument("--tetris-extra", type=int, default=_default("tetris_extra"), metavar="E",
+                   help="extra drafts per request Tetris may choose from (0..16)")
+    g.add_argument("--max-prompt-tokens", type=_positive_int, default=_default("max_prompt_tokens"), metavar="N",
+                   help="longest prompt accepted, in tokens")
+    g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=_default("dtype"),
+                   help="model weight and activation dtype")
+    g.add_argument("--target-device", default=_default("target_device"), metavar="DEV",
+                   help="'auto' (cuda:0 if available, else cpu), 'cpu' or 'cuda:N'")
+    g.add_argument("--draft-device", default=_default("draft_device"), metavar="DEV",
+                   help="'auto' (cuda:1 if there are two GPUs, else the target's), 'cpu' or 'cuda:N'")
+    g.add_argument("--draft-cores", type=_cores, default=None, metavar="LIST",
+                   help="CPU cores of the drafter, e.g. 0 or 0-1,4 (default: half of this process's cores in "
+                        "minedraft mode, all of them in the others)")
+    g.add_argument("--target-cores", type=_cores, default=None, metavar="LIST",
+                   help="CPU cores of the verifier, e.g. 1-3 (default: the other half, with the odd core, in "
+                        "minedraft mode; all of them in the others)")
+    g.add_argument("--target-tp", type=_positive_int, default=_default("target_tp"), metavar="N",
+                   help="tensor-parallel ranks of the target: N processes, one GPU (from --target-device on) "
+                        "or share of --target-cores each")
+    g.add_argument("--draft-tp", type=_positive_int, default=_default("draft_tp"), metavar="N",
+                   help="tensor-parallel ranks of the draft")
+
+
+def _lazy(name: str):
+    """A subcommand defined in cli_serve.py, imported when it runs."""
+    def run(a) -> int:
+        from . import serve as cli_serve
+        return getattr(cli_serve, name)(a)
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, formatter_class=_Formatter,
+                                description="Batch-parallel speculative decoding: draft one batch while verifying "
+                                            "the other.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    # generate -------------------------------------------------------------------------------------------------
+    g = sub.add_parser("generate", formatter_class=_Formatter, help="stream one completion to the terminal",
+                       description="Start the engine (drafter and verifier processes) on the given models, stream "
+                                   "the completion of PROMPT to stdout as tokens are accepted, then print a "
+                                   "one-line summary (tokens/s, acceptance rate) to stderr.\n\n"
+                                   "Temperature 0 (the default) is greedy decoding; the output is then exactly "
+                                   "what the target model alone would produce.")
+    g.add_argument("prompt", help="the prompt text; '-' reads it from stdin")
+    s = g.add_argument_group("sampling")
+    s.add_argument("--max-tokens", type=_positive_int, default=64, metavar="N", help="tokens to generate at most")
+    s.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 is greedy; > 0 samples")
+    s.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest tokens "
+                   "(0 disables)")
+    s.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus sampling mass in (0, 1] "
+                   "(1 disables)")
+    s.add_argument("--seed", type=int, default=None, metavar="N", help="seed for sampling (default: a random "
+                   "one); with a seed a sampled run is reproducible")
+    s.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when TEXT is generated "
+                   "(repeatable)")
+    s.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    c = g.add_argument_group("chat")
+    c.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the target "
+                   "tokenizer's chat template (with the assistant turn opened)")
+    c.add_argument("--system", default=None, metavar="TEXT", help="a system message before PROMPT (with --chat)")
+    _add_model_args(g)
+    o = g.add_argument_group("output")
+    o.add_argument("--no-stats", action="store_true", help="do not print the summary line to stderr")
+    o.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop instead of uvloop")
+    g.set_defaults(func=cmd_generate)
+
+    # serve ----------------------------------------------------------------------------------------------------
+    v = sub.add_parser("serve", formatter_class=_Formatter, help="serve requests over ZeroMQ (docs/PROTOCOL.md)",
+                       description="Run the engine behind a ZeroMQ ROUTER socket speaking the msgpack protocol of "
+                                   "docs/PROTOCOL.md (clients: minedraft.client.Client, clients/node). Many "
+                                   "clients, many concurrent requests each. Prints 'listening on ENDPOINT' to "
+                                   "stdout once it serves; SIGINT/SIGTERM stop it cleanly.\n\n"
+                                   "Only loopback addresses (and ipc://) are allowed unless --allow-remote is "
+                                   "given. With --curve-secret-key, traffic is encrypted and clients must know "
+                                   "the server's public key; add --curve-client-keys to also admit only known "
+                                   "clients.\n\n"
+                                   "With --http HOST:PORT it also (or, without --bind, only) serves the "
+                                   "OpenAI-compatible HTTP API, /metrics and the dashboard at / on the same "
+                                   "engine (README: HTTP API).")
+    n = v.add_argument_group("network")
+    n.add_argument("--bind", default=None, metavar="ENDPOINT",
+                   help="ZeroMQ endpoint to bind, e.g. tcp://127.0.0.1:5555, tcp://127.0.0.1:* (a free port), "
+                        "tcp://[::1]:5555 or ipc:///tmp/minedraft.sock (default: tcp://127.0.0.1:5555 unless "
+                        "--http is given alone)")
+    n.add_argument("--http", default=None, metavar="HOST:PORT",
+                   help="also serve the OpenAI-compatible HTTP API, /metrics and the dashboard, e.g. "
+                        "127.0.0.1:8000 (port 0: a free one)")
+    n.add_argument("--api-key", default=None, metavar="KEY",
+                   help="HTTP only: require 'Authorization: Bearer KEY' on /v1/* (default: the "
+                        "MINEDRAFT_API_KEY environment variable if set, else no key)")
+    n.add_argument("--model-name", default=None, metavar="NAME",
+                   help="HTTP only: the model id clients send and /v1/models lists (default: --model's name "
+                        "if given, else the target directory's name)")
+    n.add_argument("--allow-remote", action="store_true",
+                   help="allow binding a non-loopback address (0.0.0.0, *, a LAN address, an interface name), "
+                        "for --bind and --http")
+    n.add_argument("--curve-secret-key", metavar="FILE", default=None,
+                   help="turn on CURVE encryption with this server secret key (z85, from `minedraft keygen`)")
+    n.add_argument("--curve-public-key", metavar="FILE", default=None,
+                   help="the server public key; optional (derived from the secret key), checked to match if given")
+    n.add_argument("--curve-client-keys", metavar="PATH", default=None,
+                   help="admit only clients whose CURVE public key is listed: a file with one z85 key per line, "
+                        "or a directory of key files (default: any client that knows the server key)")
+    n.add_argument("--max-message-bytes", type=_positive_int, default=None, metavar="N",
+                   help="requests larger than this get a too_large error (HTTP: 413); ZeroMQ messages over 4x "
+                        "this are dropped and their connection closed (default: sized to --max-prompt-tokens: "
+                        "ZeroMQ 64 bytes per token + 64 KiB; HTTP's JSON 96 bytes per token + 64 KiB, at "
+                        "least 1 MiB)")
+    n.add_argument("--max-inflight-per-client", type=_positive_int, default=256, metavar="N",
+                   help="requests one client may have running at once; beyond it: overloaded")
+    n.add_argument("--max-queued-replies", type=_positive_int, default=DEFAULT_MAX_QUEUED_REPLIES, metavar="N",
+                   help="unread replies the server holds for one client; a client past it is dropped (its "
+                        "requests cancelled, its messages ignored for 10 s)")
+    _add_model_args(v)
+    e = v.add_argument_group("capacity")
+    e.add_argument("--max-tokens-limit", type=_positive_int, default=_default("max_tokens_limit"), metavar="N",
+                   help="the most max_tokens a request may ask for")
+    e.add_argument("--max-batch-size", type=_positive_int, default=_default("max_batch_size"), metavar="N",
+                   help="requests decoded at once (split over the two batches)")
+    e.add_argument("--kv-cache-tokens", type=_positive_int, default=_default("kv_cache_tokens"), metavar="N",
+                   help="KV cache positions per model; admission waits while the cache is full")
+    e.add_argument("--max-queue", type=_positive_int, default=_default("max_queue"), metavar="N",
+                   help="requests waiting for admission; beyond it: overloaded")
+    x = v.add_argument_group("process")
+    x.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="log verbosity (stderr)")
+    x.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop instead of uvloop")
+    v.set_defaults(func=_lazy("cmd_serve"))
+
+    # keygen ---------------------------------------------------------------------------------------------------
+    k = sub.add_parser("keygen", formatter_class=_Formatter, help="make a CURVE keypair for serve / clients",
+                       description="Write a CURVE keypair made by zmq.curve_keypair(): DIR/NAME.secret (mode 0600, "
+                                   "keep it private) and DIR/NAME.public, each one z85 line. Give the secret to "
+                                   "`minedraft serve --curve-secret-key` and the public key to clients. For client "
+                                   "keys (--curve-client-keys) make one pair per client.")
+    k.add_argument("--out-dir", default=".", metavar="DIR", help="directory to write the two files into")
+    k.add_argument("--name", default="server", help="file name stem")
+    k.add_argument("--force", action="store_true", help="overwrite existing files")
+    k.set_defaults(func=_lazy("cmd_keygen"))
+
+    # models ---------------------------------------------------------------------------------------------------
+    from .models import add_parser as add_models_parser
+    add_models_parser(sub, _Formatter)
+
+    # bench ----------------------------------------------------------------------------------------------------
+    b = sub.add_parser("bench", add_help=False, help="benchmarks (all arguments go to minedraft.bench.runner; "
+                       "`minedraft bench --help` for its options)",
+                       description="Forwards every argument to minedraft.bench.runner.main(argv).")
+    b.add_argument("args", nargs=argparse.REMAINDER, help="arguments for minedraft.bench.runner")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("minedraft")
+    except Exception:
+        return "unknown"
+
+
+# -- generate ---------------------------------------------------------------------------------------------------
+def _generate_config(a) -> EngineConfig:
+    kw = _engine_kw(a)
+    if a.mode == "autoregressive":
+        kw["k"] = _default("k")  # k is ignored in this mode, so any value is accepted
+    elif not 1 <= a.k <= 16:
+        raise ValueError(f"--k must be in 1..16, got {a.k}")
+    block = _default("block_size")
+    need = a.max_prompt_tokens + a.max_tokens + kw["k"] + (a.tetris_extra if a.tetris else 0) + 1
+    kw.update(max_tokens_limit=a.max_tokens, max_batch_size=1, max_queue=1,
+              kv_cache_tokens=-(-need // block) * block)
+    return EngineConfig(**kw)
+
+
+def cmd_generate(a) -> int:
+    prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
+    if a.system is not None and not a.chat:
+        return _fail("--system needs --chat")
+    if not prompt:
+        return _fail("PROMPT is empty (give the text to continue, or '-' to read it from stdin)")
+    if len(prompt) > 16 * a.max_prompt_tokens:  # the engine's cheap pre-tokenizer bound, checked up front
+        return _fail(f"PROMPT is {len(prompt)} characters; --max-prompt-tokens {a.max_prompt_tokens} allows about "
+                     f"{16 * a.max_prompt_tokens}")
+    from ..errors import MinedraftError
+    from ..sampling_params import SamplingParams
+    try:
+        cfg = _generate_config(a)
+        params = SamplingParams(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, max_tokens=a.max_tokens,
+                                seed=a.seed, stop=tuple(a.stop), ignore_eos=a.ignore_eos)
+    except (ValueError, MinedraftError) as e:
+        return _fail(_name_options(str(e)))
+    _quiet_libraries()
+    from ..models.check import ModelDirError, check_pair
+    try:  # before any worker starts: a bad directory answers in seconds, naming it
+        tok, _, _ = check_pair(cfg.target, cfg.draft, need_draft=cfg.effective_k > 0)
+    except ModelDirError as e:
+        return _fail(str(e), 1)
+    n_prompt = len(tok.encode(prompt))
+    if n_prompt > cfg.max_prompt_tokens:
+        return _fail(f"PROMPT has {n_prompt} tokens; --max-prompt-tokens is {cfg.max_prompt_tokens}")
+
+    async def run():
+        from ..engine.engine import Engine
+        t0 = time.perf_counter()
+        async with Engine(cfg) as engine:
+            t_start = time.perf_counter() - t0
+            final = None
+            if a.chat:
+                msgs = ([{"role": "system", "content": a.system}] if a.system is not None else []) + \
+                    [{"role": "user", "content": prompt}]
+                deltas = engine.stream_chat(msgs, params)
+            else:
+                deltas = engine.stream(prompt, params)
+            async for d in deltas:
+                if d.text:
+                    sys.stdout.write(d.text)
+                    sys.stdout.flush()
+                if d.finished:
+                    final = d
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            return final, t_start, engine.stats()
+
+    try:
+        final, t_start, est = _run_async(run(), not a.no_uvloop)
+    except (ValueError, MinedraftError) as e:
+        return _fail(str(e), 1)
+    except Exception as e:  # e.g. a model directory that transformers cannot load
+        return _fail(f"{type(e).__name__}: {e}", 1)
+    if not a.no_stats and final is not None and final.stats is not None:
+        st = final.stats
+        tps = st.output_tokens / st.latency_s if st.latency_s > 0 else 0.0
+        acc = (f"acceptance {100 * st.acceptance_rate:.1f}% ({st.accepted_tokens}/{st.draft_tokens} drafts), "
+               f"{st.mean_accepted_length:.2f} tokens/step, " if cfg.effective_k else "")
+        print(f"[{PROG}] {st.output_tokens} tokens in {st.latency_s:.2f} s ({tps:.1f} tokens/s), {acc}"
+              f"ttft {1000 * st.ttft_s:.0f} ms, finish {final.finish_reason}; mode {cfg.mode}, k {cfg.effective_k}, "
+              f"engine start {t_start:.1f} s", file=sys.stderr)
+    return 0
+
+
+# -- bench ------------------------------------------------------------------------------------------------------
+def cmd_bench(a) -> int:
+    return _bench(a.args)
+
+
+def _bench(argv: list[str]) -> int:
+    try:
+        from ..bench import runner as bench
+    except ImportError as e:
+        return _fail(f"bench is unavailable: cannot import minedraft.bench.runner ({e})", 1)
+    rc = bench.main(list(argv))
+    return rc if isinstance(rc, int) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C at any moment (imports, engine start-up, streaming) ends with one line and exit status 130; the
+    workers never see it (they are spawned with SIGINT blocked) and are stopped by the engine's shutdown."""
+    try:
+        argv = sys.argv[1:] if argv is None else list(argv)
+        if argv and argv[0] == "bench":  # everything after it belongs to bench, --help included
+            return _bench(argv[1:])
+        a = build_parser().parse_args(argv)
+        return a.func(a)
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            if sys.stdout.isatty():
+                sys.stdout.write("\n")  # do not leave the line on a half-streamed completion
+            sys.stdout.flush()
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+def entry() -> None:
+    """The console script: main(), then exit without the interpreter's teardown. Everything that matters (workers,
+    shared memory, sockets) was released by main(); with torch and transformers loaded the teardown alone takes
+    about 3 s, which `serve` would add to every SIGTERM and `generate` to every run."""
+    rc = main()
+    import logging
+    logging.shutdown()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(rc if isinstance(rc, int) else 0)
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,105 @@
+"""Chat messages -> prompt token ids, through the target tokenizer's own chat template.
+
+The template belongs to the model (tokenizer_config.json / chat_template.jinja), so minedraft never
+hard-codes a prompt format; a tokenizer without one is refused with a clear error instead of guessing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..errors import InvalidRequestError, check_text
+from ..sampling_params import SamplingParams, as_params
+
+ROLES = ("system", "user", "assistant")
+
+# ChatML, the format SmolLM2-Instruct uses; written into the bundled tiny pair's tokenizer configs (and by
+# scripts/train_models.py) so chat works on the default models. No default system prompt is injected.
+CHATML_TEMPLATE = (
+    "{% for m in messages %}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _content(i: int, m: dict) -> str:
+    """A message's text: a str, or OpenAI's list of {"type": "text", "text": ...} parts joined."""
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list) and c:
+        parts = []
+        for p in c:
+            if not (isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)):
+                raise InvalidRequestError(f"messages[{i}].content: only text parts are supported, got {p!r:.80}",
+                                          "messages")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise InvalidRequestError(f"messages[{i}].content must be a string or a list of text parts, got {c!r:.80}",
+                              "messages")
+
+
+def normalize_messages(messages) -> list[dict]:
+    """Check OpenAI-style messages and return plain [{"role", "content": str}] dicts."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise InvalidRequestError("messages must be a non-empty list of {\"role\": ..., \"content\": ...} objects",
+                                  "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise InvalidRequestError(f"messages[{i}] must be an object with role and content, got "
+                                      f"{type(m).__name__}", "messages")
+        role = m.get("role")
+        if role not in ROLES:
+            raise InvalidRequestError(f"messages[{i}].role must be one of {ROLES}, got {role!r:.40}", "messages")
+        out.append({"role": role, "content": check_text(_content(i, m), f"messages[{i}].content", "messages")})
+    return out
+
+
+def chat_prompt_ids(tokenizer, messages, max_chars: int | None = None) -> list[int]:
+    """Render messages with the tokenizer's chat template (add_generation_prompt=True) and tokenize."""
+    msgs = normalize_messages(messages)
+    if max_chars is not None and sum(len(m["content"]) for m in msgs) > max_chars:
+        raise InvalidRequestError(f"messages hold more than {max_chars} characters; too long for this engine",
+                                  "messages")
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequestError("the target model's tokenizer has no chat template, so chat is unavailable; "
+                                  "use a plain completion (generate / stream) or a model with a chat template")
+    try:
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # a template may raise on content it does not accept (jinja raise_exception)
+        raise InvalidRequestError(f"the chat template rejected these messages: {e}", "messages") from None
+    # The template writes any special tokens (bos, role markers) itself: add none on top.
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def end_of_turn_id(tokenizer) -> int | None:
+    """The special token the chat template closes an assistant turn with (<|im_end|> in ChatML, <|eot_id|> in
+    Llama 3), read from the template itself; None if there is none or it is not a single special token.
+
+    A chat model ends its answer with it, but its generation config may list only the plain eos (a base model
+    with a chat template), so chat requests also stop on it, instead of running on into invented turns."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    probe = "minedraft-end-of-turn-probe"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "a"}, {"role": "assistant", "content": probe}],
+                                             tokenize=False)
+    except Exception:
+        return None
+    after = text.split(probe, 1)[1].strip() if probe in text else ""
+    if not after:
+        return None
+    marker = after.split()[0]
+    ids = tokenizer.encode(marker, add_special_tokens=False)
+    special = set(getattr(tokenizer, "all_special_ids", ()))
+    return ids[0] if len(ids) == 1 and ids[0] in special else None
+
+
+def chat_params(params, eot: int | None) -> SamplingParams:
+    """The request's params, also stopping at the end-of-turn token (unless the caller asked to ignore eos)."""
+    params = as_params(params)
+    if eot is None or params.ignore_eos or eot in params.stop_token_ids:
+        return params
+    return dataclasses.replace(params, stop_token_ids=(*params.stop_token_ids, eot))

@@ -1,0 +1,93 @@
+"""In-process baselines: target-alone decoding and standard (sequential) batched speculative decoding.
+
+They run the very same Drafter/Verifier code as the worker processes, one after the other in one thread, with
+continuous batching and KV admission. The pipeline is measured against these.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+from transformers import AutoTokenizer
+
+from ..config import EngineConfig
+from ..errors import InvalidRequestError
+from ..outputs import GenerationResult
+from .request_state import RequestState, make_request
+from ..models.check import eos_ids
+from ..workers.drafter import Drafter
+from ..workers.model_runner import ModelRunner
+from ..workers.verifier import Verifier
+
+
+class LocalEngine:
+    def __init__(self, config: EngineConfig | None = None, **overrides):
+        self.config = config or EngineConfig(**overrides)
+        cfg = self.config
+        device = "cpu" if cfg.target_device == "auto" else cfg.target_device
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.target, local_files_only=True)
+        self.k = cfg.effective_k
+        self.max_draft = cfg.max_draft  # k, or k + tetris_extra with Tetris
+        self.target = ModelRunner.from_pretrained(cfg.target, cfg.kv_cache_tokens, cfg.block_size, device, cfg.dtype)
+        self.drafter = None
+        if self.k:
+            ddev = "cpu" if cfg.draft_device == "auto" else cfg.draft_device
+            self.draft = ModelRunner.from_pretrained(cfg.draft, cfg.kv_cache_tokens, cfg.block_size, ddev, cfg.dtype)
+            if self.draft.vocab_size != self.target.vocab_size:
+                raise ValueError("draft and target vocabularies differ; they must share a tokenizer")
+            self.drafter = Drafter(self.draft, self.max_draft)
+        self.verifier = Verifier(self.target, self.max_draft, eos_ids(self.target.config, self.tokenizer),
+                                 features=bool(self.drafter and self.drafter.features))
+        self._ids = itertools.count()
+
+    def generate(self, prompts: list, params=None) -> list[GenerationResult]:
+        """Run every prompt to completion (continuous batching). params: one for all, or a list."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        states = []
+        for prompt, p in zip(prompts, plist):
+            rid = next(self._ids)
+            states.append(RequestState(str(rid), make_request(rid, prompt, p, self.tokenizer, self.config,
+                                                              self.target.vocab_size), self.tokenizer))
+        waiting, running = deque(states), {}
+        for s in states:
+            need = s.req.cache_tokens(self.max_draft)
+            if not self.target.cache.fits_ever(need):
+                raise InvalidRequestError(f"request needs {need} cache positions, more than the whole cache")
+        while waiting or running:
+            self._admit(waiting, running)
+            self.step(running)
+        return [s.result() for s in states]
+
+    def _admit(self, waiting, running) -> None:
+        while waiting and len(running) < self.config.max_batch_size:
+            s = waiting[0]
+            need = s.req.cache_tokens(self.max_draft)
+            if not (self.target.cache.can_allocate(need) and (not self.drafter or self.draft.cache.can_allocate(need))):
+                break  # waits until a running request frees its blocks
+            waiting.popleft()
+            self.verifier.add(s.req)
+            if self.drafter:
+                self.drafter.add(s.req)
+            running[s.req.rid] = s
+
+    def step(self, running: dict) -> None:
+        rids = list(running)
+        if self.drafter and self.config.tetris:
+            cap = self.config.tetris_capacity
+            drafts, q = self.drafter.draft(rids, self.max_draft, self.k * len(rids) if cap is None else cap)
+        elif self.drafter:
+            drafts, q = self.drafter.draft(rids, self.k)
+        else:
+            drafts, q = [[] for _ in rids], None
+        for r in self.verifier.verify(rids, drafts, q):
+            s = running[r.rid]
+            s.on_result(r)
+            if s.finished:
+                del running[r.rid]
+                if r.rid in self.verifier.seqs:  # a stop string ended it, not the verifier
+                    self.verifier.remove(r.rid)
+                if self.drafter:
+                    self.drafter.remove(r.rid)
+            elif self.drafter:
+                self.drafter.apply(r.rid, r.num_accepted, r.new_tokens, r.features)

@@ -1,0 +1,324 @@
+"""The asyncio scheduler: request life-cycles, batch ids, the two-batch manager, and the worker sockets.
+
+It runs in the caller's process and never touches a model. Admission mirrors the workers' KV caches block for
+block (same block size, same reservation rule), so a request is sent to the workers only when both caches can
+hold it; otherwise it waits here. In `minedraft` mode each admitted request joins the smaller of the two
+batches; the drafter alternates between them, so at every sync point (a verdict coming back) the roles flip:
+the batch just verified is drafted while the other one is verified.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from ..config import EngineConfig
+from ..errors import EngineDeadError, InvalidRequestError, OverloadedError
+from ..ipc.codec import pack, unpack
+from ..outputs import StreamDelta
+from .request_state import RequestState, make_request
+from ..ipc.messages import StepResult
+
+
+@dataclass
+class TraceEvent:
+    lane: str        # "drafter" | "verifier"
+    name: str        # "draft" | "verify"
+    batch: int
+    t0: float        # time.monotonic(), the same clock in every process on one machine
+    t1: float
+    step: int = 0
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    output_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    row_steps: int = 0  # (request, verify step) pairs: each scored its drafts plus one token of its own
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    finished: int = 0
+    aborted: int = 0
+    failed: int = 0
+    trace: list[TraceEvent] = field(default_factory=list)
+
+
+class AsyncScheduler:
+    def __init__(self, config: EngineConfig, tokenizer, vocab_size: int, ctx: zmq.asyncio.Context, addr: dict,
+                 trace: bool = False):
+        self.config, self.tokenizer, self.vocab_size = config, tokenizer, vocab_size
+        self.k = config.max_draft  # KV reservations cover the most drafts a row can carry (k + Tetris extra)
+        self.block_size = config.block_size
+        self.free_blocks = config.kv_cache_tokens // config.block_size
+        self.total_blocks = self.free_blocks
+        self.waiting: deque[RequestState] = deque()
+        self.running: dict[int, RequestState] = {}
+        self.by_name: dict[str, RequestState] = {}
+        self.queues: dict[int, asyncio.Queue] = {}
+        self.batch_of: dict[int, int] = {}
+        self.batch_sizes = [0, 0]
+        self.stats = EngineStats()
+        self.trace = trace
+        self.dead: EngineDeadError | None = None
+        self._rids = itertools.count()
+        self._tasks: list[asyncio.Task] = []
+        self.cmd = ctx.socket(zmq.PUSH)
+        self.cmd.setsockopt(zmq.LINGER, 0)
+        self.cmd.bind(addr["cmd"])
+        self.status = ctx.socket(zmq.PULL)
+        self.status.setsockopt(zmq.LINGER, 0)
+        self.status.bind(addr["status"])
+        self.drafts = ctx.socket(zmq.SUB)
+        self.drafts.setsockopt(zmq.SUBSCRIBE, b"")
+        self.drafts.setsockopt(zmq.RCVHWM, 0)
+        self.drafts.setsockopt(zmq.LINGER, 0)
+        self.drafts.connect(addr["drafts"])
+        self._probes: dict[int, asyncio.Future] = {}
+        self._probe_parts: dict[int, dict] = {}
+        self._probe_ids = itertools.count()
+        self.beats: dict[str, tuple[float, float]] = {}  # worker -> (when its last heartbeat came, its busy_s)
+        # callables(verdict msg), run in order after each verdict is applied: step stats, dynamic speculation,
+        # metrics; the one hook API
+        self.verdict_listeners: list = []
+
+    # -- start-up ----------------------------------------------------------------------------------
+    async def wait_ready(self, procs, timeout: float) -> None:
+        ready: set[str] = set()
+        deadline = time.monotonic() + timeout
+        while ready != {"drafter", "verifier"}:
+            for p in procs:
+                if p.exitcode is not None:
+                    raise EngineDeadError(f"worker {p.name} exited during start-up (code {p.exitcode})")
+            if time.monotonic() > deadline:
+                raise EngineDeadError(f"workers not ready after {timeout:g} s")
+            if await self.status.poll(100):
+                m = unpack(await self.status.recv())
+                if m["t"] == "error":
+                    raise EngineDeadError(f"{m['who']} failed during start-up:\n{m['msg']}")
+                if m["t"] == "ready":
+                    ready.add(m["who"])
+
+    def start(self) -> None:
+        self._tasks = [asyncio.ensure_future(self._pump(self.status, self._on_status)),
+                       asyncio.ensure_future(self._pump(self.drafts, self._on_drafts))]
+
+    # -- requests ----------------------------------------------------------------------------------
+    def submit(self, prompt, params, request_id: str | None) -> tuple[RequestState, asyncio.Queue]:
+        if self.dead:
+            raise self.dead
+        if len(self.waiting) >= self.config.max_queue:
+            raise OverloadedError(f"{len(self.waiting)} requests already waiting (max_queue="
+                                  f"{self.config.max_queue}); retry later")
+        rid = next(self._rids)
+        name = request_id if request_id is not None else f"req-{rid}"
+        if not isinstance(name, str) or not name:
+            raise InvalidRequestError("request_id must be a non-empty str")
+        if name in self.by_name:
+            raise InvalidRequestError(f"request_id {name!r} is already in use")
+        req = make_request(rid, prompt, params, self.tokenizer, self.config, self.vocab_size)
+        try:  # fail here, not at admission, if it cannot travel to the workers
+            pack(req.to_msg())
+        except (OverflowError, TypeError, ValueError) as e:
+            raise InvalidRequestError(f"request cannot be encoded: {e}") from None
+        if self._blocks(req) > self.total_blocks:
+            raise InvalidRequestError(f"request needs {req.cache_tokens(self.k)} KV positions, more than the "
+                                      f"whole cache ({self.config.kv_cache_tokens})")
+        state = RequestState(name, req, self.tokenizer)
+        q: asyncio.Queue = asyncio.Queue()
+        self.by_name[name], self.queues[rid] = state, q
+        self.waiting.append(state)
+        self._admit()
+        return state, q
+
+    def _blocks(self, req) -> int:
+        return -(-req.cache_tokens(self.k) // self.block_size)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.config.max_batch_size:
+            s = self.waiting[0]
+            need = self._blocks(s.req)
+            if need > self.free_blocks:
+                return  # waits for a running request to finish
+            self.waiting.popleft()
+            self.free_blocks -= need
+            b = 0 if self.config.mode != "minedraft" else int(self.batch_sizes[1] < self.batch_sizes[0])
+            self.batch_sizes[b] += 1
+            self.batch_of[s.req.rid] = b
+            self.running[s.req.rid] = s
+            self.cmd.send(pack({"t": "add", "req": s.req.to_msg(), "batch": b}))
+
+    def abort(self, name: str) -> bool:
+        """Cancel a request by id; True if it was still pending."""
+        s = self.by_name.get(name)
+        if s is None or s.finished:
+            return False
+        s.finish("abort")
+        self.stats.aborted += 1
+        rid = s.req.rid
+        if rid in self.running:
+            self.cmd.send(pack({"t": "abort", "rids": [rid]}))
+        else:
+            self.waiting.remove(s)
+        self._release(s)
+        self._emit(rid, StreamDelta(name, "", [], True, "abort", s.stats))
+        return True
+
+    def _release(self, s: RequestState) -> None:
+        rid = s.req.rid
+        if self.running.pop(rid, None) is not None:
+            self.free_blocks += self._blocks(s.req)
+            self.batch_sizes[self.batch_of.pop(rid)] -= 1
+        self.by_name.pop(s.request_id, None)
+        self._admit()
+
+    def _emit(self, rid: int, item) -> None:
+        q = self.queues.get(rid)
+        if q is not None:
+            q.put_nowait(item)
+            if isinstance(item, Exception) or item.finished:
+                del self.queues[rid]
+
+    # -- worker messages ---------------------------------------------------------------------------
+    async def _pump(self, sock, handle) -> None:
+        """Feed every message of sock to handle until it returns True, the socket closes, or it raises."""
+        try:
+            n = 0
+            while True:
+                m = unpack(await sock.recv())
+                n += 1
+                if n % 8 == 0:  # a ready socket's recv does not yield: let streams and the watchdog run
+                    await asyncio.sleep(0)
+                if handle(m):
+                    return
+        except (asyncio.CancelledError, zmq.ZMQError):
+            return
+        except Exception as e:  # a handler bug must fail the requests, not strand them
+            self.fail(EngineDeadError(f"scheduler loop crashed: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+    def _on_status(self, m: dict) -> bool:
+        if m["t"] == "hb":
+            self.beats[m["who"]] = (time.monotonic(), float(m["busy_s"]))
+        elif m["t"] == "verdict":
+            self._on_verdict(m)
+        elif m["t"] == "probe":
+            parts = self._probe_parts.setdefault(m["id"], {})
+            parts[m["who"]] = m
+            fut = self._probes.get(m["id"])
+            if len(parts) == 2 and fut is not None and not fut.done():
+                fut.set_result(self._probe_parts.pop(m["id"]))
+        elif m["t"] == "error":
+            self.fail(EngineDeadError(f"{m['who']} failed:\n{m['msg']}"))
+            return True
+        return False
+
+    def _on_drafts(self, m: dict) -> bool:
+        """The drafter's broadcast: used here for the timeline and per-step draft time."""
+        if m["t"] == "drafts" and m["rids"]:
+            self.stats.draft_time_s += m["t1"] - m["t0"]
+            if self.trace:
+                self.stats.trace.append(TraceEvent("drafter", "draft", m["batch"], m["t0"], m["t1"], m["step"]))
+        return False
+
+    def _on_verdict(self, m: dict) -> None:
+        st = self.stats
+        st.steps += 1
+        st.verify_time_s += m["t1"] - m["t0"]
+        if self.trace:
+            st.trace.append(TraceEvent("verifier", "verify", m["batch"], m["t0"], m["t1"], m["step"]))
+        for raw in m["results"]:
+            r = StepResult.from_msg(raw)
+            s = self.running.get(r.rid)
+            if s is None or s.finished:
+                continue  # aborted meanwhile
+            st.draft_tokens += r.num_drafted
+            st.accepted_tokens += r.num_accepted
+            st.row_steps += 1
+            before = s.stats.output_tokens
+            delta = s.on_result(r)
+            st.output_tokens += s.stats.output_tokens - before
+            if s.finished:
+                st.finished += 1
+                if r.finish_reason is None:  # a stop string: the workers still hold it
+                    self.cmd.send(pack({"t": "abort", "rids": [r.rid]}))
+                self._release(s)
+            self._emit(r.rid, delta)
+        for fn in self.verdict_listeners:
+            fn(m)
+
+    async def probe(self, timeout: float = 5.0, keep=("seqs", "cache_seqs", "used_blocks", "waiting")) -> dict:
+        """Ask both workers what their KV caches hold (or, with keep=("cores", "threads"), where they run)."""
+        if self.dead:
+            raise self.dead
+        pid = next(self._probe_ids)
+        fut = self._probes[pid] = asyncio.get_running_loop().create_future()
+        self.cmd.send(pack({"t": "probe", "id": pid}))
+        try:
+            parts = await asyncio.wait_for(fut, timeout)
+        finally:
+            self._probes.pop(pid, None)
+        return {who: {k: m[k] for k in keep if k in m} for who, m in parts.items()}
+
+    def set_k(self, k: int) -> None:
+        self.cmd.send(pack({"t": "set_k", "k": int(k)}))
+
+    # -- liveness ----------------------------------------------------------------------------------
+    def reset_heartbeats(self) -> None:
+        """Start the heartbeat clocks now (the workers are ready)."""
+        now = time.monotonic()
+        self.beats = {w: (now, 0.0) for w in ("drafter", "verifier")}
+
+    def hung_worker(self, timeout: float) -> tuple[str, str] | None:
+        """(worker, why) for a worker that sent no heartbeat for `timeout` s, or whose main loop has been in one
+        iteration (e.g. one forward) for longer than that; None when both are live."""
+        now = time.monotonic()
+        for who, (at, busy) in self.beats.items():
+            if now - at > timeout:
+                return who, (f"no heartbeat for {now - at:.1f} s (heartbeat_timeout_s={timeout:g}); the process "
+                             "is stopped or frozen")
+            if busy > timeout:
+                return who, (f"stuck in one step for {busy:.1f} s (heartbeat_timeout_s={timeout:g})")
+        return None
+
+    # -- failure and shutdown ----------------------------------------------------------------------
+    def fail(self, err: EngineDeadError) -> None:
+        """Fail every pending request at once; later submissions raise the same error."""
+        if self.dead:
+            return
+        self.dead = err
+        for s in list(self.running.values()) + list(self.waiting):
+            if not s.finished:
+                s.finish("error")
+                self.stats.failed += 1
+            self._emit(s.req.rid, err)
+        self.running.clear()
+        self.waiting.clear()
+        self.by_name.clear()
+        self.queues.clear()
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for sock in (self.cmd, self.status, self.drafts):
+            sock.close(linger=0)
+
+    def send_stop(self) -> None:
+        try:
+            fut = self.cmd.send(pack({"t": "stop"}), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return
+        if asyncio.isfuture(fut):  # zmq.asyncio reports a failed send through the future
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    @property
+    def num_pending(self) -> int:
+        return len(self.running) + len(self.waiting)

@@ -1,0 +1,2 @@
+"""Model folders: the bundled pairs (sub-folders, package data), named pairs pulled from the package registry
+(hub.py), and the checks a model folder must pass before any worker starts (check.py)."""

@@ -1,0 +1,150 @@
+"""Run the HTTP front end (uvicorn on the caller's loop, uvloop under the CLI), optionally beside the ZeroMQ
+server on the same engine. The address is checked and the socket bound before the models load, so a bad or
+busy address fails at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import socket
+
+log = logging.getLogger("minedraft.http")
+
+
+class HTTPBindError(ValueError):
+    """The --http address is malformed or not allowed (non-loopback without allow_remote)."""
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    """'127.0.0.1:8000', '[::1]:8000', 'localhost:0' (0 = a free port) -> (host, port)."""
+    a = addr.strip()
+    for scheme in ("http://", "https://"):
+        if a.startswith(scheme):
+            a = a[len(scheme):].rstrip("/")
+    host, sep, port = a.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise HTTPBindError(f"cannot parse HTTP address {addr!r}; expected HOST:PORT, e.g. 127.0.0.1:8000 or "
+                            "[::1]:8000")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name or 0.0.0.0-like wildcard: possibly reachable from elsewhere
+
+
+def bind_socket(addr: str, allow_remote: bool) -> socket.socket:
+    host, port = parse_address(addr)
+    if not is_loopback(host) and not allow_remote:
+        raise HTTPBindError(f"refusing to serve HTTP on {addr!r}: it is not a loopback address, so other machines "
+                            "could reach the server. Pass --allow-remote to do it anyway (ideally with "
+                            "--api-key), or use 127.0.0.1:PORT.")
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(info[4])
+    except OSError as e:
+        raise HTTPBindError(f"cannot bind HTTP address {addr!r}: {e}") from None
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class HTTPServer:
+    """uvicorn serving `app` on a pre-bound socket, started and stopped on the running loop."""
+
+    def __init__(self, app, sock: socket.socket, log_level: str = "warning"):
+        import uvicorn
+
+        class _Server(uvicorn.Server):
+            def capture_signals(self):  # the caller's loop owns SIGINT/SIGTERM (engine shutdown comes first)
+                return contextlib.nullcontext()
+
+        self.sock = sock
+        self.server = _Server(uvicorn.Config(app, lifespan="off", log_level=log_level, access_log=False,
+                                             timeout_graceful_shutdown=2))
+        self.task: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        return url_of(self.sock)
+
+    async def start(self) -> None:
+        self.task = asyncio.ensure_future(self.server.serve(sockets=[self.sock]))
+        while not self.server.started:
+            if self.task.done():
+                self.task.result()  # raises what stopped it
+                raise RuntimeError("HTTP server exited during start-up")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self.task is None:
+            return
+        self.server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        self.task = None
+
+
+async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, api_key: str | None = None,
+                     model_name: str | None = None, allow_remote: bool = False, ready=None,
+                     max_body_bytes: int | None = None, log_level: str = "warning", **zmq_kw) -> None:
+    """Start an Engine, the HTTP server on `http` and (with zmq_bind) the ZeroMQ server, until SIGINT/SIGTERM.
+    `ready(lines)` gets one 'listening on ...' line per server once both serve."""
+    from ...engine.engine import Engine
+    from ..zmq.server import Server, check_bind
+    from .app import create_app
+
+    sock = bind_socket(http, allow_remote)
+    zserver = None
+    if zmq_bind is not None:
+        check_bind(zmq_bind, allow_remote)
+        if zmq_kw.get("max_message_bytes") is None:  # sized to the prompt limit, as `serve` does
+            from ..zmq.protocol import message_limit_for
+            zmq_kw["max_message_bytes"] = message_limit_for(engine_config.max_prompt_tokens)
+        zserver = Server(None, zmq_bind, allow_remote=allow_remote, **zmq_kw)
+        zserver.bind()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    hserver = None
+    try:
+        async with Engine(engine_config) as engine:
+            app = create_app(engine, model_name=model_name, api_key=api_key,
+                             max_body_bytes=max_body_bytes)
+            hserver = HTTPServer(app, sock, log_level)
+            await hserver.start()
+            lines = [f"listening on {hserver.url}"]
+            if zserver is not None:
+                zserver.engine = engine
+                await zserver.start()
+                curve = f" (CURVE, server public key {zserver.public_key})" if zserver.public_key else ""
+                lines.append(f"listening on {zserver.endpoint}{curve}")
+            if ready is not None:
+                ready(lines)
+            await stop.wait()
+            log.info("shutting down")
+            await hserver.stop()
+    finally:
+        if hserver is not None:
+            await hserver.stop()
+        if zserver is not None:
+            await zserver.close()
+        sock.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)

