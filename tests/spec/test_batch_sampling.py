@@ -10,7 +10,7 @@ from minedraft.spec import rng
 from minedraft.spec.batch_sampling import RowParams, categorical, process_batch, sample_draft_step, verify_batch
 from minedraft.spec.sampling import accept, process_logits
 from minedraft.sampling_params import SamplingParams
-from test_sampling import DRAFT_LOGITS, SAMPLED, TARGET_LOGITS, V, chi2_critical, chi2_stat
+from sampling_law import DRAFT_LOGITS, SAMPLED, TARGET_LOGITS, V, chi2_critical, chi2_stat
 
 GREEDY = SamplingParams(temperature=0.0)
 

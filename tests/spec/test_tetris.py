@@ -19,7 +19,7 @@ from minedraft.engine.local_engine import LocalEngine
 from minedraft.spec.sampling import process_logits
 from minedraft.sampling_params import SamplingParams
 from conftest import engine_config
-from test_sampling import DRAFT_LOGITS, TARGET_LOGITS, V, chi2_critical, chi2_stat
+from sampling_law import DRAFT_LOGITS, TARGET_LOGITS, V, chi2_critical, chi2_stat
 
 # -- selection ------------------------------------------------------------------------------------
 

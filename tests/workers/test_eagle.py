@@ -28,7 +28,7 @@ from minedraft.workers import drafter as drafter_mod
 from minedraft.workers.model_runner import FEATURE_FILE, ModelRunner
 
 from conftest import MODELS_DIR
-from test_sampling import chi2_critical, chi2_stat
+from sampling_law import chi2_critical, chi2_stat
 
 # The weight fc gives the target's feature against the token's embedding. The draft below is the target itself
 # with fc = [EPS * random, I]: at 0 it would always agree (features ignored), and the feature's norm (8, against

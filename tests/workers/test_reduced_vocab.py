@@ -18,7 +18,7 @@ from minedraft.spec.sampling import accept, process_logits
 from minedraft.sampling_params import SamplingParams
 from minedraft.workers.model_runner import ModelRunner
 
-from test_sampling import chi2_critical, chi2_stat, wrong_residual_accept
+from sampling_law import chi2_critical, chi2_stat, wrong_residual_accept
 
 KEEP = 220  # of the tiny pair's 300 tokens
 

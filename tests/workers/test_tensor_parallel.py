@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from conftest import INIT_RANGE, _common, engine_config
-from test_sampling import chi2_critical, chi2_stat
+from sampling_law import chi2_critical, chi2_stat
 
 from minedraft.engine.diagnostics import process_alive, shm_exists
 from minedraft.engine.engine import Engine
