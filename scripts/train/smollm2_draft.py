@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from minedraft.bench.prompts import held_out_prompts, train_prompts
-from minedraft.models.distill import TOPK, greedy_rows
+from minedraft.models.distill import greedy_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORT = ROOT / "minedraft" / "models" / "smollm2-135m-draft"
