@@ -125,7 +125,7 @@ def bundled_pair():
     target, draft = MODELS_DIR / "tiny-target", MODELS_DIR / "tiny-draft"
     for d in (target, draft):
         if not (d / "config.json").exists() or not any(d.glob("*.safetensors")):
-            pytest.skip(f"bundled model {d} not present (run scripts/train_models.py)")
+            pytest.skip(f"bundled model {d} not present (run scripts/train/tiny_pair.py)")
     return str(target), str(draft)
 
 

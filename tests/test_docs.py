@@ -26,3 +26,30 @@ def test_docs_cite_no_issue():
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = doc.read_text()
         assert not re.search(r"the issue'?s?\b", text, re.I), doc.name
+
+
+def test_architecture_table_names_each_module_once():
+    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    rows = [m.group(1) for m in re.finditer(r"^\| `(minedraft/[\w/]+\.py)` \|", doc, re.M)]
+    assert rows, "no module rows found"
+    assert sorted({m for m in rows if rows.count(m) > 1}) == []
+    assert [m for m in rows if not (ROOT / m).exists()] == []
+
+
+def test_docs_cite_scripts_that_exist():
+    """Every `scripts/...` path the docs, the package and the scripts name exists, and where the tool takes a
+    subcommand (a COMMANDS table) the word after it is one of them."""
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "minedraft" / "models" / "README.md",
+             *sorted((ROOT / "minedraft").rglob("*.py")), *sorted((ROOT / "scripts").rglob("*.py")),
+             *sorted((ROOT / "scripts").rglob("*.sh")), ROOT / ".ci" / "run"]
+    bad = []
+    for doc in texts:
+        for m in re.finditer(r"scripts/([\w/]+\.(?:py|sh))(?: ([a-z][\w-]*))?", doc.read_text()):
+            tool = ROOT / "scripts" / m.group(1)
+            if not tool.is_file():
+                bad.append(f"{doc.name}: {m.group(0)}")
+                continue
+            commands = re.search(r"^COMMANDS = \{(.*)\}$", tool.read_text(), re.M)
+            if commands and m.group(2) and m.group(2) not in re.findall(r'"([\w-]+)":', commands.group(1)):
+                bad.append(f"{doc.name}: {m.group(0)}")
+    assert bad == []

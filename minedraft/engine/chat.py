@@ -14,7 +14,7 @@ from ..sampling_params import SamplingParams, as_params
 ROLES = ("system", "user", "assistant")
 
 # ChatML, the format SmolLM2-Instruct uses; written into the bundled tiny pair's tokenizer configs (and by
-# scripts/train_models.py) so chat works on the default models. No default system prompt is injected.
+# scripts/train/tiny_pair.py) so chat works on the default models. No default system prompt is injected.
 CHATML_TEMPLATE = (
     "{% for m in messages %}"
     "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"

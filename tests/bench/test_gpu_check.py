@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py runs once on a lent GPU with no chance to debug there, so its CPU smoke mode runs here:
+"""scripts/gpu/check.py runs once on a lent GPU with no chance to debug there, so its CPU smoke mode runs here:
 the forced-agreement models behave as the script's output says, and the whole script reaches its table."""
 
 import importlib.util
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu" / "check.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -43,7 +43,7 @@ def test_forced_agreement_is_what_it_claims(tmp_path):
 
 def test_cpu_smoke_run_reaches_the_table(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--cpu-smoke", "--agree", "0.8",
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu" / "check.py"), "--cpu-smoke", "--agree", "0.8",
                         "--batch", "8", "--k", "1", "--repeats", "1", "--max-tokens", "24"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

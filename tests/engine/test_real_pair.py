@@ -7,19 +7,14 @@ prompts. Skipped, with the reason, when the pair has not been pulled (CI pulls i
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from minedraft.bench.prompts import held_out_prompts
 from minedraft.models import hub
 from minedraft.config import EngineConfig
 from minedraft.engine.engine import Engine
 from minedraft.sampling_params import SamplingParams
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from minedraft.bench.prompts import held_out_prompts  # noqa: E402
 
 MAX_TOKENS = 24
 
@@ -82,7 +77,7 @@ async def test_greedy_equals_transformers_generate(pair, prompts, hf_reference, 
 
 def test_draft_is_accepted_on_held_out_chat_prompts(pair, tok):
     """Per-draft-token greedy acceptance at k=3 on chat prompts the draft never saw (a sample of the held-out set;
-    scripts/train_smollm2_draft.py eval measures all of it, k = 1..6). The bar is what catches a broken draft or
+    scripts/train/smollm2_draft.py eval measures all of it, k = 1..6). The bar is what catches a broken draft or
     vocabulary map (a cut of the target's own first layers scores about 0.03), not the 0.6 the draft is meant to
     reach: the shipped one does not yet (minedraft/models/README.md)."""
     from minedraft.engine.local_engine import LocalEngine

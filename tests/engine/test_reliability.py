@@ -8,7 +8,7 @@ What is promised (and checked here):
   * a bad EngineConfig raises ValueError at construction, a bad request raises InvalidRequestError at
     submission and never disturbs the requests around it;
   * after a mixed load (greedy, sampled, cancelled, invalid) both workers' caches are empty again.
-The full-size soak is scripts/soak.py.
+The full-size soak is scripts/reliability/soak.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Sanity checks for the bundled tiny draft/target pair (minedraft/models/).
 
-The models are produced by scripts/train_models.py; these tests make sure the
+The models are produced by scripts/train/tiny_pair.py; these tests make sure the
 shipped files load offline, share a tokenizer, and are actually useful as a
 speculative-decoding pair (the draft agrees with the target a good fraction
 of the time, and the target learned something).
@@ -28,7 +28,7 @@ REPORT = MODELS / "training_report.json"
 
 pytestmark = pytest.mark.skipif(
     not (TARGET_DIR / "model.safetensors").exists() or not (DRAFT_DIR / "model.safetensors").exists(),
-    reason="bundled models not present (run scripts/train_models.py)",
+    reason="bundled models not present (run scripts/train/tiny_pair.py)",
 )
 
 

@@ -246,7 +246,7 @@ def test_sampled_law_is_the_targets(tiny_pair, hf, tmp_path):
 # -- the bundled draft ---------------------------------------------------------------------------------------
 
 def test_bundled_tiny_eagle_uses_its_features(monkeypatch):
-    """tiny-eagle was trained on the bundled target's features (scripts/train_eagle.py --data tiny). Fed the true
+    """tiny-eagle was trained on the bundled target's features (scripts/train/eagle.py --data tiny). Fed the true
     features it accepts ~0.45 of drafts at k=1 and ~0.25 at k=3; fed zeros instead, ~0.19 and ~0.07."""
     target, draft = MODELS_DIR / "tiny-target", MODELS_DIR / "tiny-eagle"
     if not (draft / FEATURE_FILE).exists():

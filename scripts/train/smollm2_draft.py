@@ -1,7 +1,7 @@
 """Distil a small draft for SmolLM2-135M-Instruct (the `minedraft models pull smollm2-135m` target).
 
 Phases (each resumable; outputs under --work, default out/smollm2-draft):
-  gen     the target answers chat prompts (scripts/smollm2_prompts.py) greedily; for every generated position we
+  gen     the target answers chat prompts (minedraft/bench/prompts.py) greedily; for every generated position we
           keep its token and the target's top-16 log-probabilities (soft labels). Shards are written as they finish.
   vocab   the draft's output vocabulary: the most frequent target tokens in those answers (plus special tokens).
   train   a 2-layer Llama draft at the target's width, initialised from the target's embedding rows, last two
@@ -10,7 +10,7 @@ Phases (each resumable; outputs under --work, default out/smollm2-draft):
   eval    greedy acceptance at k = 1..6 on held-out chat prompts through minedraft's own Drafter/Verifier, and the
           draft's cost relative to the target's (Td/Tv), written to the draft folder's report.json.
 
-    python scripts/train_smollm2_draft.py all            # or one phase: gen | vocab | train | export | eval
+    python scripts/train/smollm2_draft.py all            # or one phase: gen | vocab | train | export | eval
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from minedraft.bench.prompts import held_out_prompts, train_prompts  # noqa: E402
+from minedraft.bench.prompts import held_out_prompts, train_prompts
+from minedraft.models.distill import greedy_rows
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXPORT = ROOT / "minedraft" / "models" / "smollm2-135m-draft"
-TOPK = 16
 AUTOCAST = True  # bf16 matmuls in training (3-4x faster on AMX/AVX512-BF16 hosts); weights and optimiser stay fp32
 
 
@@ -84,43 +83,6 @@ def phase_gen(args):
         rows = greedy_rows(runner, batch, args.max_new, tok.eos_token_id, args.features)
         torch.save(rows, path)
         bar.set_postfix(tok_s=f"{sum(len(r['gen']) for r in rows) / (time.time() - t0):.0f}")
-
-
-def greedy_rows(runner, batch: list[list[int]], max_new: int, eos: int | None, features: bool) -> list[dict]:
-    """The target's greedy answers to a batch of prompts: per row its tokens, top-16 log-probabilities and, with
-    features, the final-norm hidden state of every fed position (0 .. len(prompt + gen) - 2)."""
-    for i, b in enumerate(batch):
-        runner.cache.allocate(i, len(b) + max_new + 1)
-    gen = [[] for _ in batch]
-    tops = [[] for _ in batch]
-    feats = [[] for _ in batch]
-    live = list(range(len(batch)))
-    feed = {i: batch[i] for i in live}
-    while live:
-        if features:
-            logits, states = runner.forward(live, [feed[i] for i in live], 1, hidden=True)
-            for i, h in zip(live, states):
-                feats[i].append(h.to(torch.float16))
-        else:
-            logits = runner.forward(live, [feed[i] for i in live], 1)
-        v, ix = torch.log_softmax(logits[:, 0], -1).topk(TOPK, -1)
-        nxt = ix[:, 0].tolist()
-        still = []
-        for j, i in enumerate(live):
-            gen[i].append(nxt[j])
-            tops[i].append((ix[j].to(torch.int32), v[j].to(torch.float16)))
-            if nxt[j] == eos or len(gen[i]) >= max_new:
-                runner.cache.free(i)
-            else:
-                still.append(i)
-                feed[i] = [nxt[j]]
-        live = still
-    rows = [{"prompt": b, "gen": gen[i], "top_i": torch.stack([t[0] for t in tops[i]]),
-             "top_v": torch.stack([t[1] for t in tops[i]])} for i, b in enumerate(batch)]
-    if features:
-        for r, f in zip(rows, feats):
-            r["feat"] = torch.cat(f)
-    return rows
 
 
 def wide_prompts(tok) -> list[str]:
@@ -376,7 +338,7 @@ def main(argv=None):
     ap.add_argument("--gen-minutes", type=float, default=0, help="stop generating after this long (0: no limit)")
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--features", action="store_true",
-                    help="gen: also keep the target's final-norm hidden states (for scripts/train_eagle.py)")
+                    help="gen: also keep the target's final-norm hidden states (for scripts/train/eagle.py)")
     ap.add_argument("--gen-dtype", default="bfloat16",
                     help="bfloat16 runs 3-4x faster on AMX hosts; the labels are then the bf16 target's")
     ap.add_argument("--vocab", type=int, default=8192)

@@ -23,7 +23,7 @@ which other load barely moves; it leaves out the engine's idle hand-over time be
 busy" shows. The last line is the wall-clock ratio Engine / bare loop (1.0 = no per-step overhead), the issue's
 yardstick, meaningful on a quiet core.
 
-    python scripts/step_overhead.py --batch 16 --max-tokens 64 --rounds 9
+    python scripts/bench/step_overhead.py --batch 16 --max-tokens 64 --rounds 9
 """
 
 from __future__ import annotations

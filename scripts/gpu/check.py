@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One short prepared run for a lent GPU machine (see scripts/gpu_check.sh).
+"""One short prepared run for a lent GPU machine (see scripts/gpu/check.sh).
 
 1. CUDA IPC transport: a child process attaches to the parent's CUDA draft slots through IPC handles and reads
    what the parent wrote, and writes back an answer the parent checks (no tensor is pickled, only handles).
@@ -155,7 +155,7 @@ def tp_check(target: str, draft: str, cpu: bool, prompts: int = 8, max_tokens: i
 def default_plot_path(env=os.environ) -> str:
     """Under $OUT when the device runner sets it (its files come back from there), else under out/ (git-ignored):
     never the current directory, where a stray run once left a PNG committed at the repository root."""
-    out = env.get("OUT") or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "out")
+    out = env.get("OUT") or os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "out")
     return os.path.join(out, "gpu_timeline.png")
 
 

@@ -7,7 +7,7 @@ torch.Generator; new: batch_sampling.verify_batch, one sync). Per draft position
 each repeat so machine noise hits both alike; medians are printed. With --forward, the bundled target's
 verify forward at the same B and k is timed too, to show what share of a verify step sampling is.
 
-    python scripts/sampler_bench.py --batch 32 --k 4 --vocab 2048 49152
+    python scripts/bench/sampler.py --batch 32 --k 4 --vocab 2048 49152
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Soak test: many mixed requests through the embedded API and the ZeroMQ server, checked one by one.
 
-    python scripts/soak.py                       # 1,000 requests per phase, bundled models
-    python scripts/soak.py -n 200 --target /tmp/tiny/t --draft /tmp/tiny/d
-    python scripts/soak.py --phases embedded --faults 0
+    python scripts/reliability/soak.py                       # 1,000 requests per phase, bundled models
+    python scripts/reliability/soak.py -n 200 --target /tmp/tiny/t --draft /tmp/tiny/d
+    python scripts/reliability/soak.py --phases embedded --faults 0
 
 The mix (reproducible from --seed): prompts of mixed lengths (text, and token-id lists up to the prompt limit);
 ~70% normal requests (60% greedy, some with stop strings; 40% sampled with a seed), ~20% cancelled midway (by

@@ -5,7 +5,7 @@ into draft logits. minedraft runs it through ModelRunner (model_runner.load_feat
 verifier's features after each verdict (workers/drafter.py).
 
 Data: sequences with the target's features at every position, made by the target itself:
-  --data smollm2   shards from `scripts/train_smollm2_draft.py gen --features` (chat prompts, greedy answers)
+  --data smollm2   shards from `scripts/train/smollm2_draft.py gen --features` (chat prompts, greedy answers)
   --data tiny      the bundled tiny target's greedy continuations of prompts cut from its training corpus
 
 Phases (each resumable; --work holds the data, the checkpoint and the log):
@@ -15,10 +15,10 @@ Phases (each resumable; --work holds the data, the checkpoint and the log):
              feature; checkpoints every --ckpt-every steps and on a wall-clock budget (--minutes)
   export     fp16 weights + config (+ draft_vocab.json) + eagle_fc.safetensors into --export-dir
 
-    python scripts/train_smollm2_draft.py gen --features --gen-dtype float32 --work out/eagle-smollm2
-    python scripts/train_eagle.py train --data smollm2 --work out/eagle-smollm2 --minutes 30
-    python scripts/train_eagle.py export --data smollm2 --work out/eagle-smollm2
-    python scripts/train_smollm2_draft.py eval --export-dir minedraft/models/smollm2-135m-eagle
+    python scripts/train/smollm2_draft.py gen --features --gen-dtype float32 --work out/eagle-smollm2
+    python scripts/train/eagle.py train --data smollm2 --work out/eagle-smollm2 --minutes 30
+    python scripts/train/eagle.py export --data smollm2 --work out/eagle-smollm2
+    python scripts/train/smollm2_draft.py eval --export-dir minedraft/models/smollm2-135m-eagle
 """
 
 from __future__ import annotations
@@ -34,9 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = Path(__file__).resolve().parents[2]
 TINY_TARGET = ROOT / "minedraft" / "models" / "tiny-target"
 EXPORTS = {"smollm2": ROOT / "minedraft" / "models" / "smollm2-135m-eagle",
            "tiny": ROOT / "minedraft" / "models" / "tiny-eagle"}
@@ -68,9 +66,9 @@ def vocab_subset(args) -> list[int] | None:
 # -- data ------------------------------------------------------------------------------------------------------
 def phase_tiny_data(args):
     """Greedy continuations by the tiny target of prompts cut from its own training text, with its features."""
-    from train_smollm2_draft import greedy_rows
     from transformers import AutoTokenizer
 
+    from minedraft.models.distill import greedy_rows
     from minedraft.workers.model_runner import ModelRunner
     import pydoc_data.topics as topics
     out = Path(args.work) / "gen"

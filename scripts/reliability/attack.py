@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Attacks on `minedraft serve` and the engine's liveness and shutdown, measured (README's reliability table).
 
-    python scripts/attack.py                       # bundled models, every attack
-    python scripts/attack.py --only flood stall --frames 200000
+    python scripts/reliability/attack.py                       # bundled models, every attack
+    python scripts/reliability/attack.py --only flood stall --frames 200000
 
 Attacks (each against a fresh `minedraft serve` subprocess unless said otherwise):
   flood     a client sends --frames one-byte frames and then --frames `stats` requests and never reads a reply:
@@ -33,7 +33,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def rss_mb(pid: int) -> float:

@@ -1,8 +1,9 @@
+#!/usr/bin/env python
 """What the HTTP front end costs: the same greedy workload through Engine.generate directly, through the
 OpenAI-compatible server (openai's AsyncOpenAI, non-streamed), and streamed (SSE), on one engine, interleaved
 in one run. Client, server and scheduler share one event loop (the workers are their own processes).
 
-    python scripts/http_overhead.py [--requests 16] [--max-tokens 64] [--repeats 3]
+    python scripts/bench/http_overhead.py [--requests 16] [--max-tokens 64] [--repeats 3]
 """
 
 from __future__ import annotations
