@@ -280,7 +280,8 @@ def cmd_generate(a) -> int:
         acc = (f"acceptance {100 * st.acceptance_rate:.1f}% ({st.accepted_tokens}/{st.draft_tokens} drafts), "
                f"{st.mean_accepted_length:.2f} tokens/step, " if cfg.speculative else "")
         print(f"[{PROG}] {st.output_tokens} tokens in {st.latency_s:.2f} s ({tps:.1f} tokens/s), {acc}"
-              f"ttft {1000 * st.ttft_s:.0f} ms, finish {final.finish_reason}; mode {cfg.mode}, k {cfg.k if cfg.speculative else 0}, "
+              f"ttft {1000 * st.ttft_s:.0f} ms, finish {final.finish_reason}; mode {cfg.mode}, "
+              f"k {cfg.k if cfg.speculative else 0}, "
               f"engine start {t_start:.1f} s", file=sys.stderr)
     return 0
 
