@@ -106,14 +106,17 @@ class EngineConfig:
                 bad(f"{name} model path {p!r} is not a directory (models load from local paths only)")
 
     @property
-    def effective_k(self) -> int:
-        return 0 if self.mode == "autoregressive" else self.k
+    def speculative(self) -> bool:
+        """Whether the engine drafts at all (autoregressive mode runs the target alone and ignores k)."""
+        return self.mode != "autoregressive"
 
     @property
     def max_draft(self) -> int:
-        """The most drafts one row can carry in a step: what KV reservations and draft slots are sized for."""
-        k = self.effective_k
-        return k + self.tetris_extra if k and self.tetris else k
+        """The most drafts one row can carry in a step (k, plus tetris_extra in Tetris mode; 0 without a draft):
+        what KV reservations and draft slots are sized for."""
+        if not self.speculative:
+            return 0
+        return self.k + self.tetris_extra if self.tetris else self.k
 
     def to_dict(self) -> dict:
         return asdict(self)

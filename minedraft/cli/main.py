@@ -239,7 +239,7 @@ def cmd_generate(a) -> int:
     _quiet_libraries()
     from ..models.check import ModelDirError, check_pair
     try:  # before any worker starts: a bad directory answers in seconds, naming it
-        tok, _, _ = check_pair(cfg.target, cfg.draft, need_draft=cfg.effective_k > 0)
+        tok, _, _ = check_pair(cfg.target, cfg.draft, need_draft=cfg.speculative)
     except ModelDirError as e:
         return _fail(str(e), 1)
     n_prompt = len(tok.encode(prompt))
@@ -278,9 +278,10 @@ def cmd_generate(a) -> int:
         st = final.stats
         tps = st.output_tokens / st.latency_s if st.latency_s > 0 else 0.0
         acc = (f"acceptance {100 * st.acceptance_rate:.1f}% ({st.accepted_tokens}/{st.draft_tokens} drafts), "
-               f"{st.mean_accepted_length:.2f} tokens/step, " if cfg.effective_k else "")
+               f"{st.mean_accepted_length:.2f} tokens/step, " if cfg.speculative else "")
         print(f"[{PROG}] {st.output_tokens} tokens in {st.latency_s:.2f} s ({tps:.1f} tokens/s), {acc}"
-              f"ttft {1000 * st.ttft_s:.0f} ms, finish {final.finish_reason}; mode {cfg.mode}, k {cfg.effective_k}, "
+              f"ttft {1000 * st.ttft_s:.0f} ms, finish {final.finish_reason}; mode {cfg.mode}, "
+              f"k {cfg.k if cfg.speculative else 0}, "
               f"engine start {t_start:.1f} s", file=sys.stderr)
     return 0
 

@@ -20,11 +20,13 @@ from typing import AsyncIterator
 
 import zmq
 import zmq.asyncio
+from msgspec.structs import replace
 
 from .scheduler import AsyncScheduler
 from ..config import PROMPT_CHARS_PER_TOKEN, EngineConfig
 from ..cores import resolve as resolve_cores
 from ..errors import EngineDeadError
+from ..ipc.messages import Addresses, WorkerSpec
 from ..ipc.tensors import create_shm, destroy_shm, feature_slot_nbytes, slot_nbytes
 from ..outputs import GenerationResult, StreamDelta
 from ..sampling_params import SamplingParams
@@ -58,7 +60,7 @@ def _load_tokenizer_and_meta(cfg: EngineConfig):
     """Check both model directories here, before spawning (shapes that do not split over the tensor-parallel ranks
     included), and load the target's tokenizer."""
     from ..models.check import check_pair
-    return check_pair(cfg.target, cfg.draft, need_draft=cfg.effective_k > 0, target_tp=cfg.target_tp,
+    return check_pair(cfg.target, cfg.draft, need_draft=cfg.speculative, target_tp=cfg.target_tp,
                       draft_tp=cfg.draft_tp)
 
 
@@ -114,8 +116,8 @@ class Engine:
         draft_dev, target_dev = _resolve_devices(cfg)
         draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.mode)  # may raise: first
         self._tmp = tempfile.mkdtemp(prefix="minedraft-")
-        addr = {n: f"ipc://{self._tmp}/{n}" for n in ("cmd", "status", "drafts", "verdict_drafter")}
-        k = cfg.effective_k
+        addr = Addresses(*(f"ipc://{self._tmp}/{n}" for n in ("cmd", "status", "drafts", "verdict_drafter")))
+        k = cfg.k if cfg.speculative else 0  # the configured budget per row; 0: the target alone
         nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab)
         # a feature-conditioned draft gets the target's features back with each verdict (ipc/tensors.py)
         from ..workers.model_runner import FEATURE_FILE
@@ -125,18 +127,17 @@ class Engine:
             self._shm = create_shm(2, nbytes)
             if feat_nbytes:
                 self._feat_shm = create_shm(2, feat_nbytes)
-        common = {"addr": addr, "k": k, "mode": cfg.mode, "kv_cache_tokens": cfg.kv_cache_tokens,
-                  "block_size": cfg.block_size, "dtype": cfg.dtype, "shm": [s.name for s in self._shm],
-                  "slot_nbytes": nbytes, "eos": eos, "target": cfg.target, "draft": cfg.draft,
-                  "features": bool(feat_nbytes), "feat_nbytes": feat_nbytes,
-                  "feat_shm": [s.name for s in self._feat_shm],
-                  "fault": list(self._fault) if self._fault else None,
-                  "tetris": bool(cfg.tetris and k), "extra": cfg.max_draft - k, "capacity": cfg.tetris_capacity,
-                  "heartbeat_s": min(1.0, cfg.heartbeat_timeout_s / 4),
-                  # dynamic speculation in minedraft mode: with k = 0 the two batches merge into one (workers/
-                  # plain_steps.py) and the verifier borrows the idle drafter's cores (CPU, one rank)
-                  "merge_on_zero": bool(cfg.adaptive_k and k and cfg.mode == "minedraft")}
-        lend = (common["merge_on_zero"] and not target_dev.startswith("cuda") and cfg.target_tp == 1
+        common = WorkerSpec(
+            addr=addr, k=k, max_draft=cfg.max_draft, mode=cfg.mode, kv_cache_tokens=cfg.kv_cache_tokens,
+            block_size=cfg.block_size, dtype=cfg.dtype, shm=[s.name for s in self._shm], slot_nbytes=nbytes,
+            eos=list(eos), target=cfg.target, draft=cfg.draft, features=bool(feat_nbytes), feat_nbytes=feat_nbytes,
+            feat_shm=[s.name for s in self._feat_shm], fault=list(self._fault) if self._fault else None,
+            tetris=bool(cfg.tetris and k), capacity=cfg.tetris_capacity,
+            heartbeat_s=min(1.0, cfg.heartbeat_timeout_s / 4),
+            # dynamic speculation in minedraft mode: with k = 0 the two batches merge into one (workers/
+            # plain_steps.py) and the verifier borrows the idle drafter's cores (CPU, one rank)
+            merge_on_zero=bool(cfg.adaptive_k and k and cfg.mode == "minedraft"))
+        lend = (common.merge_on_zero and not target_dev.startswith("cuda") and cfg.target_tp == 1
                 and not set(draft_cores) & set(target_cores))
         try:
             self._ctx = zmq.asyncio.Context()
@@ -147,11 +148,11 @@ class Engine:
             from ..workers.tp_workers import role_processes  # imports torch.distributed: not at engine import
             # each role's cores are split among its ranks (shared when there are fewer cores than ranks)
             draft_procs = role_processes(mpc, "drafter", drafter_main,
-                                         {**common, "device": draft_dev, "share_cores": target_cores if lend else None},
+                                         replace(common, device=draft_dev, share_cores=target_cores if lend else None),
                                          cfg.draft_tp if k else 1, draft_cores, f"file://{self._tmp}/tp_drafter",
                                          cfg.tp_timeout_s)
             verify_procs = role_processes(mpc, "verifier", verifier_main,
-                                          {**common, "device": target_dev, "lend_cores": draft_cores if lend else None},
+                                          replace(common, device=target_dev, lend_cores=draft_cores if lend else None),
                                           cfg.target_tp, target_cores, f"file://{self._tmp}/tp_verifier",
                                           cfg.tp_timeout_s)
             # drafter and verifier (rank 0) first: health() reads them by position
@@ -162,7 +163,7 @@ class Engine:
             await self.shutdown()  # also when spawning itself failed: the shared memory must not leak
             raise
         self._ready = True
-        if cfg.adaptive_k and cfg.effective_k:
+        if cfg.adaptive_k and k:
             from ..spec.dynamic import DynamicSpeculation
             dyn = DynamicSpeculation(cfg, self.scheduler)
             self.adaptive = dyn.controller
@@ -316,7 +317,8 @@ class Engine:
     def stats(self) -> dict:
         s = self.scheduler
         st = s.stats
-        return {"mode": self.config.mode, "k": self.config.effective_k, "steps": st.steps,
+        cfg = self.config
+        return {"mode": cfg.mode, "k": cfg.k if cfg.speculative else 0, "steps": st.steps,
                 "output_tokens": st.output_tokens, "draft_tokens": st.draft_tokens,
                 "accepted_tokens": st.accepted_tokens, "verified_tokens": st.draft_tokens + st.row_steps,
                 "acceptance_rate": st.accepted_tokens / st.draft_tokens if st.draft_tokens else 0.0,

@@ -27,7 +27,7 @@ class LocalEngine:
         cfg = self.config
         device = "cpu" if cfg.target_device == "auto" else cfg.target_device
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.target, local_files_only=True)
-        self.k = cfg.effective_k
+        self.k = cfg.k if cfg.speculative else 0
         self.max_draft = cfg.max_draft  # k, or k + tetris_extra with Tetris
         self.target = ModelRunner.from_pretrained(cfg.target, cfg.kv_cache_tokens, cfg.block_size, device, cfg.dtype)
         self.drafter = None
@@ -80,7 +80,8 @@ class LocalEngine:
             drafts, q = self.drafter.draft(rids, self.k)
         else:
             drafts, q = [[] for _ in rids], None
-        for r in self.verifier.verify(rids, drafts, q):
+        results = self.verifier.verify(rids, drafts, q)
+        for r, feats in zip(results, self.verifier.last_features):
             s = running[r.rid]
             s.on_result(r)
             if s.finished:
@@ -90,4 +91,4 @@ class LocalEngine:
                 if self.drafter:
                     self.drafter.remove(r.rid)
             elif self.drafter:
-                self.drafter.apply(r.rid, r.num_accepted, r.new_tokens, r.features)
+                self.drafter.apply(r.rid, r.num_accepted, r.new_tokens, feats)

@@ -21,10 +21,10 @@ import zmq.asyncio
 
 from ..config import EngineConfig
 from ..errors import EngineDeadError, InvalidRequestError, OverloadedError
-from ..ipc.codec import pack, unpack
+from ..ipc import messages as M
+from ..ipc.codec import decode_drafts, decode_status, encode
 from ..outputs import StreamDelta
 from .request_state import RequestState, make_request
-from ..ipc.messages import StepResult
 
 
 @dataclass
@@ -53,10 +53,10 @@ class EngineStats:
 
 
 class AsyncScheduler:
-    def __init__(self, config: EngineConfig, tokenizer, vocab_size: int, ctx: zmq.asyncio.Context, addr: dict,
+    def __init__(self, config: EngineConfig, tokenizer, vocab_size: int, ctx: zmq.asyncio.Context, addr: M.Addresses,
                  trace: bool = False):
         self.config, self.tokenizer, self.vocab_size = config, tokenizer, vocab_size
-        self.k = config.max_draft  # KV reservations cover the most drafts a row can carry (k + Tetris extra)
+        self.max_draft = config.max_draft  # KV reservations cover the most drafts a row can carry
         self.block_size = config.block_size
         self.free_blocks = config.kv_cache_tokens // config.block_size
         self.total_blocks = self.free_blocks
@@ -73,20 +73,20 @@ class AsyncScheduler:
         self._tasks: list[asyncio.Task] = []
         self.cmd = ctx.socket(zmq.PUSH)
         self.cmd.setsockopt(zmq.LINGER, 0)
-        self.cmd.bind(addr["cmd"])
+        self.cmd.bind(addr.cmd)
         self.status = ctx.socket(zmq.PULL)
         self.status.setsockopt(zmq.LINGER, 0)
-        self.status.bind(addr["status"])
+        self.status.bind(addr.status)
         self.drafts = ctx.socket(zmq.SUB)
         self.drafts.setsockopt(zmq.SUBSCRIBE, b"")
         self.drafts.setsockopt(zmq.RCVHWM, 0)
         self.drafts.setsockopt(zmq.LINGER, 0)
-        self.drafts.connect(addr["drafts"])
+        self.drafts.connect(addr.drafts)
         self._probes: dict[int, asyncio.Future] = {}
         self._probe_parts: dict[int, dict] = {}
         self._probe_ids = itertools.count()
         self.beats: dict[str, tuple[float, float]] = {}  # worker -> (when its last heartbeat came, its busy_s)
-        # callables(verdict msg), run in order after each verdict is applied: step stats, dynamic speculation,
+        # callables(M.Verdict), run in order after each verdict is applied: step stats, dynamic speculation,
         # metrics; the one hook API
         self.verdict_listeners: list = []
 
@@ -101,15 +101,15 @@ class AsyncScheduler:
             if time.monotonic() > deadline:
                 raise EngineDeadError(f"workers not ready after {timeout:g} s")
             if await self.status.poll(100):
-                m = unpack(await self.status.recv())
-                if m["t"] == "error":
-                    raise EngineDeadError(f"{m['who']} failed during start-up:\n{m['msg']}")
-                if m["t"] == "ready":
-                    ready.add(m["who"])
+                m = decode_status(await self.status.recv())
+                if isinstance(m, M.Error):
+                    raise EngineDeadError(f"{m.who} failed during start-up:\n{m.msg}")
+                if isinstance(m, M.Ready):
+                    ready.add(m.who)
 
     def start(self) -> None:
-        self._tasks = [asyncio.ensure_future(self._pump(self.status, self._on_status)),
-                       asyncio.ensure_future(self._pump(self.drafts, self._on_drafts))]
+        self._tasks = [asyncio.ensure_future(self._pump(self.status, decode_status, self._on_status)),
+                       asyncio.ensure_future(self._pump(self.drafts, decode_drafts, self._on_drafts))]
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, prompt, params, request_id: str | None) -> tuple[RequestState, asyncio.Queue]:
@@ -126,11 +126,11 @@ class AsyncScheduler:
             raise InvalidRequestError(f"request_id {name!r} is already in use")
         req = make_request(rid, prompt, params, self.tokenizer, self.config, self.vocab_size)
         try:  # fail here, not at admission, if it cannot travel to the workers
-            pack(req.to_msg())
+            encode(req)
         except (OverflowError, TypeError, ValueError) as e:
             raise InvalidRequestError(f"request cannot be encoded: {e}") from None
         if self._blocks(req) > self.total_blocks:
-            raise InvalidRequestError(f"request needs {req.cache_tokens(self.k)} KV positions, more than the "
+            raise InvalidRequestError(f"request needs {req.cache_tokens(self.max_draft)} KV positions, more than the "
                                       f"whole cache ({self.config.kv_cache_tokens})")
         state = RequestState(name, req, self.tokenizer)
         q: asyncio.Queue = asyncio.Queue()
@@ -140,7 +140,7 @@ class AsyncScheduler:
         return state, q
 
     def _blocks(self, req) -> int:
-        return -(-req.cache_tokens(self.k) // self.block_size)
+        return -(-req.cache_tokens(self.max_draft) // self.block_size)
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.config.max_batch_size:
@@ -154,7 +154,7 @@ class AsyncScheduler:
             self.batch_sizes[b] += 1
             self.batch_of[s.req.rid] = b
             self.running[s.req.rid] = s
-            self.cmd.send(pack({"t": "add", "req": s.req.to_msg(), "batch": b}))
+            self.cmd.send(encode(M.Add(s.req, b)))
 
     def abort(self, name: str) -> bool:
         """Cancel a request by id; True if it was still pending."""
@@ -165,7 +165,7 @@ class AsyncScheduler:
         self.stats.aborted += 1
         rid = s.req.rid
         if rid in self.running:
-            self.cmd.send(pack({"t": "abort", "rids": [rid]}))
+            self.cmd.send(encode(M.Abort([rid])))
         else:
             self.waiting.remove(s)
         self._release(s)
@@ -188,12 +188,12 @@ class AsyncScheduler:
                 del self.queues[rid]
 
     # -- worker messages ---------------------------------------------------------------------------
-    async def _pump(self, sock, handle) -> None:
+    async def _pump(self, sock, decode, handle) -> None:
         """Feed every message of sock to handle until it returns True, the socket closes, or it raises."""
         try:
             n = 0
             while True:
-                m = unpack(await sock.recv())
+                m = decode(await sock.recv())
                 n += 1
                 if n % 8 == 0:  # a ready socket's recv does not yield: let streams and the watchdog run
                     await asyncio.sleep(0)
@@ -204,38 +204,37 @@ class AsyncScheduler:
         except Exception as e:  # a handler bug must fail the requests, not strand them
             self.fail(EngineDeadError(f"scheduler loop crashed: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
-    def _on_status(self, m: dict) -> bool:
-        if m["t"] == "hb":
-            self.beats[m["who"]] = (time.monotonic(), float(m["busy_s"]))
-        elif m["t"] == "verdict":
+    def _on_status(self, m) -> bool:
+        if isinstance(m, M.Verdict):
             self._on_verdict(m)
-        elif m["t"] == "probe":
-            parts = self._probe_parts.setdefault(m["id"], {})
-            parts[m["who"]] = m
-            fut = self._probes.get(m["id"])
+        elif isinstance(m, M.Heartbeat):
+            self.beats[m.who] = (time.monotonic(), m.busy_s)
+        elif isinstance(m, M.ProbeReply):
+            parts = self._probe_parts.setdefault(m.id, {})
+            parts[m.who] = m
+            fut = self._probes.get(m.id)
             if len(parts) == 2 and fut is not None and not fut.done():
-                fut.set_result(self._probe_parts.pop(m["id"]))
-        elif m["t"] == "error":
-            self.fail(EngineDeadError(f"{m['who']} failed:\n{m['msg']}"))
+                fut.set_result(self._probe_parts.pop(m.id))
+        elif isinstance(m, M.Error):
+            self.fail(EngineDeadError(f"{m.who} failed:\n{m.msg}"))
             return True
         return False
 
-    def _on_drafts(self, m: dict) -> bool:
+    def _on_drafts(self, m) -> bool:
         """The drafter's broadcast: used here for the timeline and per-step draft time."""
-        if m["t"] == "drafts" and m["rids"]:
-            self.stats.draft_time_s += m["t1"] - m["t0"]
+        if isinstance(m, M.Drafts) and m.rids:
+            self.stats.draft_time_s += m.t1 - m.t0
             if self.trace:
-                self.stats.trace.append(TraceEvent("drafter", "draft", m["batch"], m["t0"], m["t1"], m["step"]))
+                self.stats.trace.append(TraceEvent("drafter", "draft", m.batch, m.t0, m.t1, m.step))
         return False
 
-    def _on_verdict(self, m: dict) -> None:
+    def _on_verdict(self, m: M.Verdict) -> None:
         st = self.stats
         st.steps += 1
-        st.verify_time_s += m["t1"] - m["t0"]
+        st.verify_time_s += m.t1 - m.t0
         if self.trace:
-            st.trace.append(TraceEvent("verifier", "verify", m["batch"], m["t0"], m["t1"], m["step"]))
-        for raw in m["results"]:
-            r = StepResult.from_msg(raw)
+            st.trace.append(TraceEvent("verifier", "verify", m.batch, m.t0, m.t1, m.step))
+        for r in m.results:
             s = self.running.get(r.rid)
             if s is None or s.finished:
                 continue  # aborted meanwhile
@@ -248,7 +247,7 @@ class AsyncScheduler:
             if s.finished:
                 st.finished += 1
                 if r.finish_reason is None:  # a stop string: the workers still hold it
-                    self.cmd.send(pack({"t": "abort", "rids": [r.rid]}))
+                    self.cmd.send(encode(M.Abort([r.rid])))
                 self._release(s)
             self._emit(r.rid, delta)
         for fn in self.verdict_listeners:
@@ -260,15 +259,16 @@ class AsyncScheduler:
             raise self.dead
         pid = next(self._probe_ids)
         fut = self._probes[pid] = asyncio.get_running_loop().create_future()
-        self.cmd.send(pack({"t": "probe", "id": pid}))
+        self.cmd.send(encode(M.Probe(pid)))
         try:
             parts = await asyncio.wait_for(fut, timeout)
         finally:
             self._probes.pop(pid, None)
-        return {who: {k: m[k] for k in keep if k in m} for who, m in parts.items()}
+        return {who: {f: getattr(m, f) for f in keep if getattr(m, f, None) is not None}
+                for who, m in parts.items()}
 
     def set_k(self, k: int) -> None:
-        self.cmd.send(pack({"t": "set_k", "k": int(k)}))
+        self.cmd.send(encode(M.SetK(int(k))))
 
     # -- liveness ----------------------------------------------------------------------------------
     def reset_heartbeats(self) -> None:
@@ -313,7 +313,7 @@ class AsyncScheduler:
 
     def send_stop(self) -> None:
         try:
-            fut = self.cmd.send(pack({"t": "stop"}), zmq.NOBLOCK)
+            fut = self.cmd.send(encode(M.Stop()), zmq.NOBLOCK)
         except zmq.ZMQError:
             return
         if asyncio.isfuture(fut):  # zmq.asyncio reports a failed send through the future

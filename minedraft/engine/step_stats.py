@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from ..ipc.messages import Verdict
+
 TIMELINE_S = 2.0  # intervals kept for the timeline (the dashboard shows the last second)
 
 
@@ -27,29 +29,31 @@ class Step:
 
 
 class StepStats:
-    def __init__(self, k_max: int, timeline_s: float = TIMELINE_S):
-        self.drafted_by_pos = [0] * k_max     # drafts proposed at position i (0 = first draft token)
-        self.accepted_by_pos = [0] * k_max    # of those, accepted (all earlier ones were accepted too)
+    def __init__(self, positions: int, timeline_s: float = TIMELINE_S):
+        """positions: draft positions counted from the start (the configured k); more are added as rows carry
+        them (Tetris' extra drafts, a larger set_k)."""
+        self.drafted_by_pos = [0] * positions  # drafts proposed at position i (0 = first draft token)
+        self.accepted_by_pos = [0] * positions  # of those, accepted (all earlier ones were accepted too)
         self.timeline: deque = deque()        # (lane, batch, t0, t1) on time.monotonic()
         self.timeline_s = timeline_s
         self.subscribers: list = []           # callables(Step)
         self._prev_t1: float | None = None
 
-    def __call__(self, m: dict) -> None:
-        res = [(r[2], r[3]) for r in m["results"]]
+    def __call__(self, m: Verdict) -> None:
+        res = [(r.num_drafted, r.num_accepted) for r in m.results]
         for n_drafted, n_accepted in res:
             self._grow(n_drafted)
             for i in range(n_drafted):
                 self.drafted_by_pos[i] += 1
             for i in range(n_accepted):
                 self.accepted_by_pos[i] += 1
-        td, tv = m["draft_t1"] - m["draft_t0"], m["t1"] - m["t0"]
-        start = m["draft_t0"] if self._prev_t1 is None else max(self._prev_t1, m["draft_t0"])
-        step_s = max(m["t1"] - start, 1e-9)
-        self._prev_t1 = m["t1"]
-        self._remember("drafter", m["batch"], m["draft_t0"], m["draft_t1"], m["t1"])
-        self._remember("verifier", m["batch"], m["t0"], m["t1"], m["t1"])
-        step = Step(m["batch"], td, tv, step_s, max(td, tv) / step_s, sum(d for d, _ in res),
+        td, tv = m.draft_t1 - m.draft_t0, m.t1 - m.t0
+        start = m.draft_t0 if self._prev_t1 is None else max(self._prev_t1, m.draft_t0)
+        step_s = max(m.t1 - start, 1e-9)
+        self._prev_t1 = m.t1
+        self._remember("drafter", m.batch, m.draft_t0, m.draft_t1, m.t1)
+        self._remember("verifier", m.batch, m.t0, m.t1, m.t1)
+        step = Step(m.batch, td, tv, step_s, max(td, tv) / step_s, sum(d for d, _ in res),
                     sum(a for _, a in res), tuple(res))
         for fn in self.subscribers:
             fn(step)

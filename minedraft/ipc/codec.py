@@ -1,19 +1,21 @@
-"""msgpack encoding of control messages. Every message is a map with a "t" (type) field."""
+"""Encoding of the messages between processes (ipc/messages.py): msgpack arrays through msgspec, one decoder per
+socket for the union of what that socket carries. A frame that is not one of them raises ValueError
+(msgspec.DecodeError / ValidationError are ValueErrors)."""
 
 from __future__ import annotations
 
-import msgpack
+import msgspec
+
+from .messages import CmdMsg, DraftsMsg, StatusMsg, ToDrafterMsg
+
+_encoder = msgspec.msgpack.Encoder()
 
 
-def pack(msg: dict) -> bytes:
-    return msgpack.packb(msg, use_bin_type=True)
+def encode(msg) -> bytes:
+    return _encoder.encode(msg)
 
 
-def unpack(data: bytes) -> dict:
-    try:
-        msg = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except TypeError as e:  # e.g. a map keyed by an array: unhashable in Python
-        raise ValueError(f"undecodable control message: {e}") from None
-    if not isinstance(msg, dict) or "t" not in msg:
-        raise ValueError("control message must be a map with a 't' field")
-    return msg
+decode_cmd = msgspec.msgpack.Decoder(CmdMsg).decode                # scheduler -> drafter
+decode_drafts = msgspec.msgpack.Decoder(DraftsMsg).decode          # drafter -> verifier, scheduler
+decode_to_drafter = msgspec.msgpack.Decoder(ToDrafterMsg).decode   # verifier -> drafter
+decode_status = msgspec.msgpack.Decoder(StatusMsg).decode          # workers -> scheduler

@@ -1,45 +1,206 @@
-"""What both workers know about a request: the scheduler sends this once, on admission."""
+"""Every message between the caller's process and the workers, declared once (no torch here: the scheduler
+imports this without loading the models' stack).
+
+Each message is a msgspec Struct with array_like=True: on the wire it is a msgpack array of its fields in
+order, with no key names; a control message's first element is its tag (tag=...), so one decoder per socket
+takes the union of what that socket carries (ipc/codec.py). docs/ARCHITECTURE.md "Messages between processes"
+lists them, who sends and who reads each; tests/ipc/test_messages.py keeps that table equal to this module.
+
+Names: `k` is a step's draft budget per row (set by dynamic speculation, at most the configured k);
+`max_draft` is the most drafts one row can carry in a step (k, plus tetris_extra in Tetris mode), what KV
+reservations and draft slots are sized for.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Union
+
+import msgspec
 
 from ..sampling_params import SamplingParams
 
 
-@dataclass
-class NewRequest:
+class _Msg(msgspec.Struct, array_like=True, omit_defaults=False):
+    """Base of the messages: compact positional encoding, named fields in Python."""
+
+
+# -- the worker spec: built by the Engine, handed to each worker process at spawn (pickled, not on a socket) -----
+class Addresses(_Msg):
+    cmd: str              # scheduler PUSH -> drafter PULL
+    status: str           # workers PUSH -> scheduler PULL
+    drafts: str           # drafter XPUB -> verifier SUB, scheduler SUB
+    verdict_drafter: str  # verifier PUSH -> drafter PULL
+
+
+class TPRank(_Msg):
+    """One tensor-parallel rank of a role (workers/tp_workers.py)."""
+    role: str        # "drafter" | "verifier"
+    model: str       # "draft" | "target": the spec field holding its model directory
+    rank: int
+    world: int
+    init: str        # torch.distributed init_method
+    timeout_s: float
+
+
+class WorkerSpec(_Msg):
+    addr: Addresses
+    k: int                   # the configured draft budget per row (0: no drafting, autoregressive mode)
+    max_draft: int           # the most drafts a row carries in one step: k, or k + tetris_extra with Tetris
+    mode: str
+    kv_cache_tokens: int
+    block_size: int
+    dtype: str
+    shm: list[str]           # draft slots' shared-memory names (CPU); empty on CUDA
+    slot_nbytes: int
+    eos: list[int]
+    target: str
+    draft: str
+    features: bool           # a feature-conditioned draft: the verifier sends the target's features back
+    feat_nbytes: int
+    feat_shm: list[str]
+    fault: list | None       # fault injection (tests): [who, point, n, "raise" | "exit" | "sleep", seconds?]
+    tetris: bool
+    capacity: int | None     # Tetris drafts verified per step at the configured k (None: k x rows)
+    heartbeat_s: float
+    merge_on_zero: bool      # with k = 0 the two batches merge into one (workers/plain_steps.py)
+    # per process, filled in by the Engine / role_processes
+    device: str = "cpu"
+    cores: list[int] | None = None
+    share_cores: list[int] | None = None  # drafter: the verifier's cores, usable while it drafts nothing
+    lend_cores: list[int] | None = None   # verifier: the drafter's cores, borrowed for steps without drafts
+    tp: TPRank | None = None
+
+
+# -- payloads ----------------------------------------------------------------------------------------------------
+class NewRequest(_Msg):
+    """What both workers know about a request: the scheduler sends this once, on admission."""
     rid: int
     prompt_ids: list[int]
     params: SamplingParams
     seed: int  # always set: the scheduler draws one when the caller gave none
 
-    def cache_tokens(self, max_k: int) -> int:
-        """Positions to reserve: prompt, every output token, and the k drafts in flight past them."""
-        return len(self.prompt_ids) + self.params.max_tokens + max_k + 1
-
-    def to_msg(self) -> list:
-        return [self.rid, self.prompt_ids, self.params.to_dict(), self.seed]
-
-    @classmethod
-    def from_msg(cls, m: list) -> "NewRequest":
-        return cls(m[0], list(m[1]), SamplingParams.from_dict(m[2]), m[3])
+    def cache_tokens(self, max_draft: int) -> int:
+        """Positions to reserve: prompt, every output token, and the drafts in flight past them."""
+        return len(self.prompt_ids) + self.params.max_tokens + max_draft + 1
 
 
-@dataclass
-class StepResult:
+class StepResult(_Msg):
+    """One row of a verdict."""
     rid: int
     new_tokens: list[int]        # accepted drafts + the verifier's token, cut at a stop / max_tokens
     num_drafted: int
     num_accepted: int
     finish_reason: str | None    # "stop" | "length" | None (still running)
-    features: Any = None  # a torch.Tensor  # for a feature-conditioned draft: the target's final-norm states
-    #                                       of the positions kept this step (not part of the message)
 
-    def to_msg(self) -> list:
-        return [self.rid, self.new_tokens, self.num_drafted, self.num_accepted, self.finish_reason]
 
-    @classmethod
-    def from_msg(cls, m) -> "StepResult":
-        return cls(m[0], list(m[1]), m[2], m[3], m[4])
+class DraftsDesc(_Msg):
+    """Where a batch's drafts lie in its slot (ipc/tensors.py): counts [rows], tokens [rows, width],
+    q [rows, width, vocab]; width = the longest row (0: no drafts stored), vocab = 0: no q (all greedy)."""
+    slot: int
+    rows: int
+    width: int
+    vocab: int
+
+
+class FeatureDesc(_Msg):
+    """A verdict's target features in its feature slot: counts[i] positions of row i, `hidden` wide."""
+    slot: int
+    counts: list[int]
+    hidden: int
+    dtype: str
+
+
+# -- control messages: the tag is the first array element --------------------------------------------------------
+class Add(_Msg, tag="add"):
+    req: NewRequest
+    batch: int
+
+
+class Abort(_Msg, tag="abort"):
+    rids: list[int]
+
+
+class SetK(_Msg, tag="set_k"):
+    k: int
+
+
+class Probe(_Msg, tag="probe"):
+    id: int
+
+
+class Stop(_Msg, tag="stop"):
+    pass
+
+
+class Slots(_Msg, tag="slots"):
+    cuda_handles: bytes
+
+
+class FeatureSlots(_Msg, tag="feature_slots"):
+    cuda_handles: bytes
+
+
+class Yield(_Msg, tag="yield"):
+    batch: int
+
+
+class Drafts(_Msg, tag="drafts"):
+    batch: int
+    step: int
+    rids: list[int]
+    adds: list[NewRequest]
+    removes: list[int]
+    desc: DraftsDesc | None  # None: no rows, only removals
+    t0: float                # drafting began / ended (time.monotonic())
+    t1: float
+    k: int = 0               # this step's budget per row
+    lease: bool = False      # plain decoding with nothing pending: the verifier keeps stepping this batch
+
+
+class Verdict(_Msg, tag="verdict"):
+    batch: int
+    step: int
+    results: list[StepResult]
+    t0: float                # verifying began / ended
+    t1: float
+    prefill: bool            # the step also took new requests' prompts
+    draft_t0: float
+    draft_t1: float
+    k: int
+    more: bool               # a lease goes on: the drafter hears of these rows with the lease's last verdict
+    feat: FeatureDesc | None = None  # to the drafter only, with a feature-conditioned draft
+
+
+class Ready(_Msg, tag="ready"):
+    who: str
+
+
+class Heartbeat(_Msg, tag="hb"):
+    who: str
+    busy_s: float            # how long the main loop has been in its current iteration
+
+
+class Error(_Msg, tag="error"):
+    who: str
+    msg: str                 # the traceback
+
+
+class ProbeReply(_Msg, tag="probe_reply"):
+    who: str
+    id: int
+    seqs: int                # rows in its batches
+    cache_seqs: int
+    used_blocks: int
+    cores: list[int]
+    threads: int
+    waiting: int | None = None  # the drafter's requests still waiting for cache room
+
+
+# what each socket carries (one decoder per socket, ipc/codec.py)
+CmdMsg = Union[Add, Abort, SetK, Probe, Stop]                      # scheduler -> drafter
+DraftsMsg = Union[Slots, Drafts, Yield, Probe, Stop]               # drafter -> verifier, scheduler
+ToDrafterMsg = Union[FeatureSlots, Verdict]                        # verifier -> drafter
+StatusMsg = Union[Ready, Heartbeat, Error, ProbeReply, Verdict]    # workers -> scheduler
+
+CONTROL = (Add, Abort, SetK, Probe, Stop, Slots, FeatureSlots, Yield, Drafts, Verdict, Ready, Heartbeat, Error,
+           ProbeReply)

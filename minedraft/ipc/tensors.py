@@ -23,12 +23,14 @@ from multiprocessing import shared_memory
 
 import torch
 
+from .messages import DraftsDesc, FeatureDesc
+
 _DTYPES = {"int64": torch.int64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def slot_nbytes(max_batch: int, max_k: int, vocab: int) -> int:
-    """max_k: the most drafts one row can carry (k + Tetris extra)."""
-    return max_batch * 8 + max_batch * max_k * 8 + max_batch * max_k * vocab * 4
+def slot_nbytes(max_batch: int, max_draft: int, vocab: int) -> int:
+    """max_draft: the most drafts one row can carry (k + Tetris extra)."""
+    return max_batch * 8 + max_batch * max_draft * 8 + max_batch * max_draft * vocab * 4
 
 
 def create_shm(num_slots: int, nbytes: int) -> list[shared_memory.SharedMemory]:
@@ -99,27 +101,26 @@ class _Slots:
 
 class DraftSlots(_Slots):
 
-    def write(self, slot: int, drafts: list[list[int]], q: torch.Tensor | None) -> dict:
+    def write(self, slot: int, drafts: list[list[int]], q: torch.Tensor | None) -> DraftsDesc:
         """Store one batch's drafts (rows may differ in length: Tetris); return the descriptor that travels
         in the message. Layout: counts [B], tokens [B, k] padded with 0, q [B, k, V]; k = the longest row."""
         B = len(drafts)
         counts = [len(d) for d in drafts]
         k = max(counts, default=0)
         if not k:  # no drafts (autoregressive, k = 0): nothing to store; skipping the slot saves tensor calls
-            return {"slot": slot, "B": B, "k": 0, "V": 0}
+            return DraftsDesc(slot, B, 0, 0)
         self._view(slot, 0, torch.int64, (B,)).copy_(torch.tensor(counts, dtype=torch.int64))
         tok = self._view(slot, B * 8, torch.int64, (B, k))
         tok.copy_(torch.tensor([d + [0] * (k - len(d)) for d in drafts], dtype=torch.int64).view(B, k))
-        desc = {"slot": slot, "B": B, "k": k, "V": 0}
-        if q is not None and k:
+        V = 0
+        if q is not None:
             V = q.shape[-1]
             self._view(slot, B * 8 + B * k * 8, torch.float32, (B, k, V)).copy_(q)
-            desc["V"] = V
         self._sync(slot)
-        return desc
+        return DraftsDesc(slot, B, k, V)
 
-    def read(self, desc: dict) -> tuple[list[list[int]], torch.Tensor | None]:
-        B, k, V, slot = desc["B"], desc["k"], desc["V"], desc["slot"]
+    def read(self, desc: DraftsDesc) -> tuple[list[list[int]], torch.Tensor | None]:
+        B, k, V, slot = desc.rows, desc.width, desc.vocab, desc.slot
         if not k:
             return [[] for _ in range(B)], None
         counts = self._view(slot, 0, torch.int64, (B,)).tolist()
@@ -130,7 +131,7 @@ class DraftSlots(_Slots):
 
 
 class FeatureSlots(_Slots):
-    def write(self, slot: int, rows: list[torch.Tensor]) -> dict:
+    def write(self, slot: int, rows: list[torch.Tensor]) -> FeatureDesc:
         """Store one verdict's features, row after row ([n_i, H] each, n_i may be 0); return the descriptor."""
         counts = [int(r.shape[0]) for r in rows]
         n = sum(counts)
@@ -144,14 +145,14 @@ class FeatureSlots(_Slots):
                                    f"({self.buffers[slot].numel()} bytes)")
             self._view(slot, 0, dt, (n, H)).copy_(flat)
             self._sync(slot)
-            return {"slot": slot, "counts": counts, "H": H, "dtype": str(dt).removeprefix("torch.")}
-        return {"slot": slot, "counts": counts, "H": 0, "dtype": "float32"}
+            return FeatureDesc(slot, counts, H, str(dt).removeprefix("torch."))
+        return FeatureDesc(slot, counts, 0, "float32")
 
-    def read(self, desc: dict) -> list[torch.Tensor]:
+    def read(self, desc: FeatureDesc) -> list[torch.Tensor]:
         """Copies (the verifier reuses the slot), one [n_i, H] tensor per row."""
-        counts, H = desc["counts"], desc["H"]
+        counts, H = desc.counts, desc.hidden
         n = sum(counts)
         if not n:
             return [torch.empty(0, 0) for _ in counts]
-        flat = self._view(desc["slot"], 0, _DTYPES[desc["dtype"]], (n, H)).clone()
+        flat = self._view(desc.slot, 0, _DTYPES[desc.dtype], (n, H)).clone()
         return list(flat.split(counts))

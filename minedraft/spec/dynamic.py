@@ -247,15 +247,16 @@ class DynamicSpeculation:
         self.run = 0  # steps in a row at last_k
         scheduler.set_k(self.controller.k)
 
-    def __call__(self, m: dict) -> None:
-        res = m["results"]
+    def __call__(self, m) -> None:
+        """One verdict (ipc.messages.Verdict)."""
+        res = m.results
         if not res:
             return
-        prev_t1, self.last_t1 = self.last_t1, m["t1"]
-        if m.get("prefill"):  # a step that also scored prompts says nothing about the cost of k
+        prev_t1, self.last_t1 = self.last_t1, m.t1
+        if m.prefill:  # a step that also scored prompts says nothing about the cost of k
             self.last_t1, self.run = None, 0
             return
-        k = m.get("k", res[0][2])  # the step's per-row budget (Tetris rows carry different counts)
+        k = m.k  # the step's per-row budget (Tetris rows carry different counts)
         running = max(len(res), len(self.scheduler.running))  # costs are kept by load (running rows)
         if self.merge and k == 0 and len(res) < running:
             self.last_t1, self.run = None, 0
@@ -263,13 +264,13 @@ class DynamicSpeculation:
         resumed = k > 0 and self.last_k == 0
         self.run = self.run + 1 if k == self.last_k and prev_t1 is not None else 0
         self.last_k = k
-        draft_s = None if resumed else m["draft_t1"] - m["draft_t0"]  # resumed: it also caught the drafter up
+        draft_s = None if resumed else m.draft_t1 - m.draft_t0  # resumed: it also caught the drafter up
         # goodput: this step's tokens over the time since the previous verdict, from the third step at k
-        wall = m["t1"] - prev_t1 if self.run >= 2 and m["t1"] > prev_t1 else None
+        wall = m.t1 - prev_t1 if self.run >= 2 and m.t1 > prev_t1 else None
         ctl = self.controller
-        ctl.observe(k, draft_s, m["t1"] - m["t0"], sum(r[3] for r in res),
-                    sum(1 for r in res if r[3] < r[2]), rows=running, step_rows=len(res),
-                    tokens=sum(len(r[1]) for r in res), wall_s=wall)
+        ctl.observe(k, draft_s, m.t1 - m.t0, sum(r.num_accepted for r in res),
+                    sum(1 for r in res if r.num_accepted < r.num_drafted), rows=running, step_rows=len(res),
+                    tokens=sum(len(r.new_tokens) for r in res), wall_s=wall)
         new_k = ctl.choose(running)
         if new_k != k:
             self.scheduler.set_k(new_k)

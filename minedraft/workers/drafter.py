@@ -33,14 +33,14 @@ class _DraftSeq:
 
 
 class Drafter:
-    def __init__(self, runner: ModelRunner, max_k: int):
-        """max_k: the most drafts a row may get in one step (k + Tetris extra); the cache reserves for it."""
-        self.runner, self.max_k = runner, max_k
+    def __init__(self, runner: ModelRunner, max_draft: int):
+        """max_draft: the most drafts a row may get in one step (k + Tetris extra); the cache reserves for it."""
+        self.runner, self.max_draft = runner, max_draft
         self.seqs: dict[int, _DraftSeq] = {}
         self.features = runner.fc is not None  # the verifier must send its features with each verdict
 
     def add(self, req: NewRequest) -> None:
-        self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_k))
+        self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_draft))
         s = _DraftSeq(list(req.prompt_ids), req.params, req.seed)
         if self.features:
             s.feats = torch.zeros(1, self.runner.fc.in_features - self.runner.hidden_size,
@@ -60,7 +60,7 @@ class Drafter:
         """Up to k draft tokens per request and, unless every request is greedy, their probabilities
         [B, max kept, V]. capacity (Tetris): keep only that many drafts across the batch, the best-ranked
         prefixes (tetris.select); None keeps all k for every row."""
-        k = min(k, self.max_k)
+        k = min(k, self.max_draft)
         if not k:
             return [[] for _ in rids], None
         ready = [i for i, r in enumerate(rids) if self._ready(r, self.seqs[r])]

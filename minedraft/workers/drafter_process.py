@@ -7,7 +7,8 @@ import time
 
 import zmq
 
-from ..ipc.codec import pack
+from ..ipc import messages as M
+from ..ipc.codec import decode_cmd, decode_to_drafter, encode
 from ..ipc.tensors import DraftSlots, FeatureSlots
 from .plain_steps import rebalance, share_cores
 from .process import POLL_MS, _Worker, drain, placement
@@ -16,26 +17,22 @@ from .process import POLL_MS, _Worker, drain, placement
 class DrafterProcess(_Worker):
     def setup(self):
         from .drafter import Drafter
-        from ..ipc.messages import NewRequest
-        self.NewRequest = NewRequest
-        spec, a = self.spec, self.spec["addr"]
-        self.k_max = spec["k"]
-        self.max_draft = self.k_max + spec.get("extra", 0)  # Tetris drafts k + e per row, keeps a budget
-        self.runner = self.load(spec["draft"]) if self.k_max else None
-        self.drafter = Drafter(self.runner, self.max_draft) if self.runner else None
+        spec, a = self.spec, self.spec.addr
+        self.runner = self.load(spec.draft) if spec.k else None
+        self.drafter = Drafter(self.runner, spec.max_draft) if self.runner else None
         self.cmd = self.ctx.socket(zmq.PULL)
-        self.cmd.connect(a["cmd"])
+        self.cmd.connect(a.cmd)
         self.verdicts = self.ctx.socket(zmq.PULL)
-        self.verdicts.bind(a["verdict_drafter"])
+        self.verdicts.bind(a.verdict_drafter)
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.SNDHWM, 0)
         self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # count every subscriber, even with the same topic
-        self.pub.bind(a["drafts"])
-        if spec["device"].startswith("cuda"):
-            self.slots = DraftSlots.allocate_cuda(2, spec["slot_nbytes"], spec["device"])
+        self.pub.bind(a.drafts)
+        if spec.device.startswith("cuda"):
+            self.slots = DraftSlots.allocate_cuda(2, spec.slot_nbytes, spec.device)
             handles = self.slots.cuda_handles()
         else:
-            self.slots = DraftSlots.attach_shm(spec["shm"])
+            self.slots = DraftSlots.attach_shm(spec.shm)
             handles = None
         # wait for both subscribers (verifier, scheduler) so no broadcast is ever dropped
         subs = 0
@@ -48,27 +45,29 @@ class DrafterProcess(_Worker):
             if self.pub.recv()[:1] == b"\x01":
                 subs += 1
         if handles:
-            self.pub.send(pack({"t": "slots", "cuda_handles": handles}))
+            self.pub.send(encode(M.Slots(handles)))
         # a feature-conditioned draft reads the target's features from the verifier's slots (CUDA: their handles
         # come as the verifier's first message on the verdict socket)
         self.feature_slots = None
-        if spec.get("features") and not spec["device"].startswith("cuda"):
-            self.feature_slots = FeatureSlots.attach_shm(spec["feat_shm"])
-        self.report({"t": "ready", "who": "drafter"})
+        if spec.features and not spec.device.startswith("cuda"):
+            self.feature_slots = FeatureSlots.attach_shm(spec.feat_shm)
+        self.report(M.Ready("drafter"))
 
-    def _usage(self) -> dict:
+    def _probe_reply(self, pid: int) -> M.ProbeReply:
         cache = self.runner.cache if self.runner else None
-        return {"seqs": len(self.batches[0]) + len(self.batches[1]), "waiting": len(self.adds),
-                "cache_seqs": cache.num_seqs if cache else 0, "used_blocks": cache.used_blocks if cache else 0}
+        return M.ProbeReply("drafter", pid, len(self.batches[0]) + len(self.batches[1]),
+                            cache.num_seqs if cache else 0, cache.used_blocks if cache else 0, **placement(),
+                            waiting=len(self.adds))
 
     def _budget(self, k: int, rows: int) -> tuple[int, int | None]:
         """(drafts per row, Tetris capacity or None) for a step with per-row budget k (set by dynamic
         speculation, else the configured k): Tetris drafts k + e and keeps capacity drafts, by default
-        k x rows; a configured capacity scales with k / k_max."""
-        if not self.spec.get("tetris"):
+        k x rows; a configured capacity scales with k / the configured k."""
+        spec = self.spec
+        if not spec.tetris:
             return k, None
-        cap = self.spec.get("capacity")
-        return k + self.spec["extra"], (k * rows if cap is None else max(1, round(cap * k / self.k_max)))
+        cap = spec.capacity
+        return k + spec.max_draft - spec.k, (k * rows if cap is None else max(1, round(cap * k / spec.k)))
 
     # -- the loop: each pass takes commands and verdicts, applies aborts, then drafts one batch if it can ------
     def loop(self):
@@ -80,9 +79,9 @@ class DrafterProcess(_Worker):
         self.leased = {0: False, 1: False}   # with the verifier on a lease (see _lease_ok); "yield" asks it back
         self.yielded = {0: False, 1: False}
         self.batch_of: dict[int, int] = {}
-        self.k = self.k_max
+        self.k = self.spec.k
         self.step = 0
-        self.merge = bool(self.spec.get("merge_on_zero"))
+        self.merge = self.spec.merge_on_zero
         turn = 0
         poller = zmq.Poller()
         poller.register(self.cmd, zmq.POLLIN)
@@ -101,14 +100,14 @@ class DrafterProcess(_Worker):
             self._apply_aborts()
             for lb in (0, 1):
                 if self.leased[lb] and not self.yielded[lb] and not self._lease_ok(lb):
-                    self.pub.send(pack({"t": "yield", "batch": lb}))
+                    self.pub.send(encode(M.Yield(lb)))
                     self.yielded[lb] = True
             if self.merge:
                 rebalance(self.k, self.batches, self.batch_of, self.removed, self.outstanding)
             if self.outstanding[turn]:
                 continue
             sent = self._send_drafts(turn, self._admit(turn))
-            if not sent or self.spec["mode"] == "minedraft":
+            if not sent or self.spec.mode == "minedraft":
                 turn = 1 - turn  # the pipeline alternates; an empty batch lets the other one go
 
     def _home(self, rb: int) -> int:
@@ -121,7 +120,7 @@ class DrafterProcess(_Worker):
             return False
         if self.batches[b] or self.removed[b]:
             return True
-        need = [r.cache_tokens(self.max_draft) for r, rb in self.adds if self._home(rb) == b]
+        need = [r.cache_tokens(self.spec.max_draft) for r, rb in self.adds if self._home(rb) == b]
         return bool(need) and (not self.drafter or self.runner.cache.can_allocate(need[0]))
 
     def _lease_ok(self, b: int) -> bool:
@@ -129,44 +128,44 @@ class DrafterProcess(_Worker):
         without a drafts message per step (it drops the hand-over from every step, as a single-process
         loop would), until this loop has something for it and sends "yield"."""
         o = 1 - b
-        return (self.k == 0 and not self.spec.get("no_lease") and not self.adds and not self.aborts
+        return (self.k == 0 and not self.adds and not self.aborts
                 and not self.batches[o] and not self.removed[o] and not self.outstanding[o])
 
     def _commands(self) -> bool:
         """The scheduler's messages; False on stop."""
-        for m in drain(self.cmd):
-            if m["t"] == "add":
-                self.adds.append((self.NewRequest.from_msg(m["req"]), m["batch"]))
-            elif m["t"] == "abort":
-                self.aborts.update(m["rids"])
-            elif m["t"] == "set_k":
-                self.k = max(0, min(self.k_max, int(m["k"]))) if self.k_max else 0
+        for m in drain(self.cmd, decode_cmd):
+            if isinstance(m, M.Add):
+                self.adds.append((m.req, m.batch))
+            elif isinstance(m, M.Abort):
+                self.aborts.update(m.rids)
+            elif isinstance(m, M.SetK):
+                self.k = max(0, min(self.spec.k, m.k))
                 share_cores(self.spec, self.k == 0)
-            elif m["t"] == "probe":
-                self.report({"t": "probe", "who": "drafter", "id": m["id"], **self._usage(), **placement()})
-                self.pub.send(pack({"t": "probe", "id": m["id"]}))
-            elif m["t"] == "stop":
-                self.pub.send(pack({"t": "stop"}))
+            elif isinstance(m, M.Probe):
+                self.report(self._probe_reply(m.id))
+                self.pub.send(encode(m))  # the verifier answers it too
+            elif isinstance(m, M.Stop):
+                self.pub.send(encode(m))
                 return False
         return True
 
     def _verdicts(self) -> None:
         """The verifier's verdicts: finished rows leave their batch, the others take their accepted tokens."""
-        for m in drain(self.verdicts):
-            if m["t"] == "feature_slots":
-                self.feature_slots = FeatureSlots.attach_cuda(m["cuda_handles"])
+        for m in drain(self.verdicts, decode_to_drafter):
+            if isinstance(m, M.FeatureSlots):
+                self.feature_slots = FeatureSlots.attach_cuda(m.cuda_handles)
                 continue
-            b = m["batch"]
+            b = m.batch
             self.outstanding[b] = self.leased[b] = self.yielded[b] = False  # a lease's steps come in one verdict
-            feats = self.feature_slots.read(m["feat"]) if "feat" in m else None
-            for i, (rid, new, _, n_acc, reason) in enumerate(m["results"]):
-                if reason:
-                    self.batches[b].remove(rid)
-                    self.batch_of.pop(rid, None)
+            feats = self.feature_slots.read(m.feat) if m.feat is not None else None
+            for i, r in enumerate(m.results):
+                if r.finish_reason:
+                    self.batches[b].remove(r.rid)
+                    self.batch_of.pop(r.rid, None)
                     if self.drafter:
-                        self.drafter.remove(rid)
+                        self.drafter.remove(r.rid)
                 elif self.drafter:
-                    self.drafter.apply(rid, n_acc, new, feats[i] if feats is not None else None)
+                    self.drafter.apply(r.rid, r.num_accepted, r.new_tokens, feats[i] if feats is not None else None)
 
     def _apply_aborts(self) -> None:
         """Cancelled requests leave a waiting list at once and a batch once it is back from the verifier (the
@@ -187,31 +186,30 @@ class DrafterProcess(_Worker):
                 self.removed[b].append(rid)
                 self.aborts.discard(rid)
 
-    def _admit(self, b: int) -> list[dict]:
+    def _admit(self, b: int) -> list[M.NewRequest]:
         """Waiting requests that join batch b now, in arrival order, while the draft cache has room."""
         new_reqs = []
         for item in list(self.adds):
             req, ab = item
             if self._home(ab) != b:
                 continue
-            if self.drafter and not self.runner.cache.can_allocate(req.cache_tokens(self.max_draft)):
+            if self.drafter and not self.runner.cache.can_allocate(req.cache_tokens(self.spec.max_draft)):
                 break
             self.adds.remove(item)
             if self.drafter:
                 self.drafter.add(req)
             self.batches[b].append(req.rid)
             self.batch_of[req.rid] = b
-            new_reqs.append(req.to_msg())
+            new_reqs.append(req)
         return new_reqs
 
-    def _send_drafts(self, b: int, new_reqs: list[dict]) -> bool:
+    def _send_drafts(self, b: int, new_reqs: list[M.NewRequest]) -> bool:
         """Draft batch b and broadcast it (a lease when plain decoding has nothing pending); False when the
         batch is empty (its removals still go out)."""
         rids = self.batches[b]
         if not rids:
             if self.removed[b]:  # tell the verifier even if the batch emptied
-                self.pub.send(pack({"t": "drafts", "batch": b, "step": self.step, "rids": [], "adds": [],
-                                    "removes": self.removed[b], "desc": None, "t0": 0, "t1": 0}))
+                self.pub.send(encode(M.Drafts(b, self.step, [], [], self.removed[b], None, 0.0, 0.0)))
                 self.removed[b] = []
             return False
         self._fault("draft")
@@ -223,14 +221,13 @@ class DrafterProcess(_Worker):
         desc = self.slots.write(b, drafts, q)
         t1 = time.monotonic()
         self.leased[b] = self._lease_ok(b)
-        self.pub.send(pack({"t": "drafts", "batch": b, "step": self.step, "rids": list(rids), "adds": new_reqs,
-                            "removes": self.removed[b], "desc": desc, "t0": t0, "t1": t1, "k": self.k,
-                            "lease": self.leased[b]}))
+        self.pub.send(encode(M.Drafts(b, self.step, rids, new_reqs, self.removed[b], desc, t0, t1, self.k,
+                                      self.leased[b])))
         self.removed[b] = []
         self.outstanding[b] = True
         self.step += 1
         return True
 
 
-def drafter_main(spec: dict) -> None:
+def drafter_main(spec: M.WorkerSpec) -> None:
     DrafterProcess(spec, "drafter").run()

@@ -44,8 +44,8 @@ def rebalance(k: int, batches: dict, batch_of: dict, removed: dict, outstanding:
 _state = {"wide": False, "shared": False}
 
 
-def widen_verifier(spec: dict, wide: bool) -> None:
-    """The verifier, for a step without drafts: run on the drafter's cores too (spec["lend_cores"]), with one
+def widen_verifier(spec, wide: bool) -> None:
+    """The verifier, for a step without drafts: run on the drafter's cores too (spec.lend_cores), with one
     torch thread per core; give them back at the first step with drafts. torch's extra threads are left unused
     when narrowed."""
     if wide == _state["wide"]:
@@ -53,7 +53,7 @@ def widen_verifier(spec: dict, wide: bool) -> None:
     import torch
 
     from ..cores import threads_for
-    cores = sorted(set(spec["cores"]) | set(spec["lend_cores"])) if wide else spec["cores"]
+    cores = sorted(set(spec.cores) | set(spec.lend_cores)) if wide else spec.cores
     if wide:
         affinity_all_threads(cores)
         torch.set_num_threads(threads_for(cores))
@@ -63,11 +63,11 @@ def widen_verifier(spec: dict, wide: bool) -> None:
     _state["wide"] = wide
 
 
-def share_cores(spec: dict, idle: bool) -> None:
-    """The drafter, while it drafts nothing: may run on the verifier's cores too (spec["share_cores"]), so the
+def share_cores(spec, idle: bool) -> None:
+    """The drafter, while it drafts nothing: may run on the verifier's cores too (spec.share_cores), so the
     message hand-over is never queued behind a verifier thread on its one core (as in autoregressive mode,
     where both may run everywhere)."""
-    share = spec.get("share_cores")
+    share = spec.share_cores
     if share and idle != _state["shared"]:
-        affinity_all_threads(set(spec["cores"]) | (set(share) if idle else set()))
+        affinity_all_threads(set(spec.cores) | (set(share) if idle else set()))
         _state["shared"] = idle

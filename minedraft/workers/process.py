@@ -2,12 +2,13 @@
 
 The processes themselves: workers/drafter_process.py and workers/verifier_process.py.
 
-Message flow (see docs/ARCHITECTURE.md):
-  scheduler --PUSH cmd--> drafter            add / abort / stop
-  drafter   --XPUB drafts--> verifier, scheduler   batch b's drafts (descriptor; tensors in slot b)
-  verifier  --PUSH verdict--> drafter        point-to-point sampler output for batch b (one per lease)
-  verifier  --PUSH verdict--> scheduler      the same, so the scheduler can stream tokens
-  both      --PUSH status--> scheduler       ready / error
+Sockets (the messages on each: ipc/messages.py; who sends and reads what: docs/ARCHITECTURE.md "Messages
+between processes"):
+  scheduler --PUSH cmd--> drafter                      Add / Abort / SetK / Probe / Stop
+  drafter   --XPUB drafts--> verifier, scheduler       Slots / Drafts (descriptor; tensors in slot b) / Yield /
+                                                       Probe / Stop
+  verifier  --PUSH verdict_drafter--> drafter          FeatureSlots / Verdict (one per step, or per lease)
+  workers   --PUSH status--> scheduler                 Ready / Heartbeat / Error / ProbeReply / Verdict
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import traceback
 
 import zmq
 
-from ..ipc.codec import pack, unpack
+from ..ipc.codec import encode
+from ..ipc.messages import Error, Heartbeat, WorkerSpec
 
 POLL_MS = 100
 
@@ -65,22 +67,22 @@ def placement() -> dict:
 class _Worker:
     """Shared plumbing: context, status socket, parent watch, heartbeats, error reporting."""
 
-    def __init__(self, spec: dict, name: str):
+    def __init__(self, spec: WorkerSpec, name: str):
         # Ctrl-C reaches the whole foreground process group; the parent alone decides when workers stop (the
         # engine also spawns them with SIGINT blocked, this covers a worker started some other way).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.spec, self.name = spec, name
         self.parent = _guard_parent()
-        _pin(spec["device"], spec.get("cores"))
+        _pin(spec.device, spec.cores)
         self.ctx = zmq.Context()
         self.status = self.ctx.socket(zmq.PUSH)
         self.status.setsockopt(zmq.LINGER, 1000)
-        self.status.connect(spec["addr"]["status"])
+        self.status.connect(spec.addr.status)
         self.slots = None
         self.last_tick: float | None = None  # None during setup (loading), which worker_start_timeout_s bounds
         self._hb_stop = threading.Event()
         self._hb = None
-        if spec.get("heartbeat_s"):
+        if spec.heartbeat_s:
             self._hb = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
             self._hb.start()
 
@@ -96,13 +98,13 @@ class _Worker:
         sock = self.ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 4)  # beats are only useful fresh; never queue many
-        sock.connect(self.spec["addr"]["status"])
+        sock.connect(self.spec.addr.status)
         try:
-            while not self._hb_stop.wait(self.spec["heartbeat_s"]):
+            while not self._hb_stop.wait(self.spec.heartbeat_s):
                 try:
                     last = self.last_tick
                     busy = 0.0 if last is None else time.monotonic() - last
-                    sock.send(pack({"t": "hb", "who": self.name, "busy_s": busy}), zmq.NOBLOCK)
+                    sock.send(encode(Heartbeat(self.name, busy)), zmq.NOBLOCK)
                 except zmq.ZMQError:
                     pass
         finally:
@@ -115,8 +117,8 @@ class _Worker:
         """The model runner for path (tensor-parallel workers override this)."""
         return _load(self.spec, path)
 
-    def report(self, msg: dict) -> None:
-        self.status.send(pack(msg))
+    def report(self, msg) -> None:
+        self.status.send(encode(msg))
 
     def run(self) -> None:
         """Set up, loop, then exit with os._exit: sockets and shared memory are released here explicitly, and
@@ -129,7 +131,7 @@ class _Worker:
         except Exception:
             code = 1
             with _quiet():
-                self.report({"t": "error", "who": self.name, "msg": traceback.format_exc()})
+                self.report(Error(self.name, traceback.format_exc()))
         finally:
             self._hb_stop.set()
             if self._hb is not None:
@@ -138,7 +140,7 @@ class _Worker:
                 with _quiet():
                     self.slots.close()
             with _quiet():
-                if self.spec["device"].startswith("cuda"):
+                if self.spec.device.startswith("cuda"):
                     import torch
                     torch.cuda.synchronize()
             with _quiet():
@@ -150,7 +152,7 @@ class _Worker:
 
     def _fault(self, point: str) -> None:
         """Fault injection for the reliability tests: MINEDRAFT_FAULT=<who>:<point>:<n>."""
-        f = self.spec.get("fault")
+        f = self.spec.fault
         if f and f[0] == self.name and f[1] == point:
             f[2] -= 1
             if f[2] <= 0:
@@ -162,16 +164,15 @@ class _Worker:
                 raise RuntimeError(f"injected fault in {self.name} at {point}")
 
 
-def drain(sock):
-    """Every message already waiting on sock, without blocking."""
+def drain(sock, decode):
+    """Every message already waiting on sock, decoded, without blocking."""
     while True:
         try:
-            yield unpack(sock.recv(zmq.NOBLOCK))
+            yield decode(sock.recv(zmq.NOBLOCK))
         except zmq.Again:
             return
 
 
-def _load(spec: dict, path: str):
+def _load(spec: WorkerSpec, path: str):
     from .model_runner import ModelRunner
-    return ModelRunner.from_pretrained(path, spec["kv_cache_tokens"], spec["block_size"], spec["device"],
-                                       spec["dtype"])
+    return ModelRunner.from_pretrained(path, spec.kv_cache_tokens, spec.block_size, spec.device, spec.dtype)

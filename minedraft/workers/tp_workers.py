@@ -22,7 +22,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from msgspec.structs import replace
 
+from ..ipc.messages import TPRank, WorkerSpec
 from .drafter_process import DrafterProcess
 from .process import _Worker
 from .verifier_process import VerifierProcess
@@ -159,21 +161,20 @@ class LeaderRunner:
 
 
 # -- processes ---------------------------------------------------------------------------------------------------
-def _init_group(spec: dict) -> tuple[Shard, object]:
-    tp = spec["tp"]
-    if tp["init"].startswith("file://") and os.path.exists("/sys/class/net/lo"):
+def _init_group(spec: WorkerSpec) -> tuple[Shard, object]:
+    tp = spec.tp
+    if tp.init.startswith("file://") and os.path.exists("/sys/class/net/lo"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host: never route via the LAN
-    dist.init_process_group("gloo", init_method=tp["init"], rank=tp["rank"], world_size=tp["world"],
-                            timeout=IDLE)
-    backend = "nccl" if spec["device"].startswith("cuda") else "gloo"
-    compute = dist.new_group(backend=backend, timeout=timedelta(seconds=tp["timeout_s"]))
-    return Shard(tp["rank"], tp["world"], compute), dist.group.WORLD
+    dist.init_process_group("gloo", init_method=tp.init, rank=tp.rank, world_size=tp.world, timeout=IDLE)
+    backend = "nccl" if spec.device.startswith("cuda") else "gloo"
+    compute = dist.new_group(backend=backend, timeout=timedelta(seconds=tp.timeout_s))
+    return Shard(tp.rank, tp.world, compute), dist.group.WORLD
 
 
-def _load_shard(spec: dict, path: str, shard: Shard):
+def _load_shard(spec: WorkerSpec, path: str, shard: Shard):
     from .model_runner import DTYPES, ModelRunner, load_vocab_map
-    model = load_sharded(path, shard, spec["device"], DTYPES[spec["dtype"]])
-    return ModelRunner(model, spec["kv_cache_tokens"], spec["block_size"], load_vocab_map(path))
+    model = load_sharded(path, shard, spec.device, DTYPES[spec.dtype])
+    return ModelRunner(model, spec.kv_cache_tokens, spec.block_size, load_vocab_map(path))
 
 
 class _Leader:
@@ -183,7 +184,7 @@ class _Leader:
         shard, group = _init_group(self.spec)
         runner = _load_shard(self.spec, path, shard)
         dist.barrier(group=group)      # 'ready' then means every rank holds its shard
-        return LeaderRunner(runner, group, timedelta(seconds=self.spec["tp"]["timeout_s"]))
+        return LeaderRunner(runner, group, timedelta(seconds=self.spec.tp.timeout_s))
 
     def loop(self):
         super().loop()
@@ -202,9 +203,8 @@ class TPDrafterProcess(_Leader, DrafterProcess):
 
 class FollowerProcess(_Worker):
     def setup(self):
-        tp = self.spec["tp"]
         shard, self.group = _init_group(self.spec)
-        self.runner = _load_shard(self.spec, self.spec[tp["model"]], shard)
+        self.runner = _load_shard(self.spec, getattr(self.spec, self.spec.tp.model), shard)
         dist.barrier(group=self.group)
 
     def loop(self):
@@ -213,14 +213,13 @@ class FollowerProcess(_Worker):
         dist.destroy_process_group()
 
 
-def leader_main(spec: dict) -> None:
-    role = spec["tp"]["role"]
+def leader_main(spec: WorkerSpec) -> None:
+    role = spec.tp.role
     (TPVerifierProcess if role == "verifier" else TPDrafterProcess)(spec, role).run()
 
 
-def follower_main(spec: dict) -> None:
-    tp = spec["tp"]
-    FollowerProcess(spec, f"{tp['role']}-rank{tp['rank']}").run()
+def follower_main(spec: WorkerSpec) -> None:
+    FollowerProcess(spec, f"{spec.tp.role}-rank{spec.tp.rank}").run()
 
 
 def rank_device(device: str, rank: int) -> str:
@@ -244,16 +243,15 @@ def split_cores(cores: list[int], world: int) -> list[list[int]]:
     return [cores[bounds[r]:bounds[r + 1]] for r in range(world)]
 
 
-def role_processes(mpc, role: str, main, spec: dict, world: int, cores: list[int], init: str, timeout_s: float):
+def role_processes(mpc, role: str, main, spec: WorkerSpec, world: int, cores: list[int], init: str, timeout_s: float):
     """The processes of one role (drafter or verifier): rank 0 first, then the followers. world == 1 is the
     plain worker on all the role's cores."""
     if world == 1:
-        return [mpc.Process(target=main, name=f"minedraft-{role}", daemon=True, args=({**spec, "cores": cores},))]
+        return [mpc.Process(target=main, name=f"minedraft-{role}", daemon=True, args=(replace(spec, cores=cores),))]
     procs = []
     for r, rank_cores in enumerate(split_cores(cores, world)):
-        tp = {"role": role, "model": "target" if role == "verifier" else "draft", "rank": r, "world": world,
-              "init": init, "timeout_s": timeout_s}
-        s = {**spec, "device": rank_device(spec["device"], r), "cores": rank_cores, "tp": tp}
+        tp = TPRank(role, "target" if role == "verifier" else "draft", r, world, init, timeout_s)
+        s = replace(spec, device=rank_device(spec.device, r), cores=rank_cores, tp=tp)
         procs.append(mpc.Process(target=leader_main if r == 0 else follower_main, daemon=True,
                                  name=f"minedraft-{role}" + (f"-rank{r}" if r else ""), args=(s,)))
     return procs

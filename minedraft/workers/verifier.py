@@ -22,15 +22,19 @@ class _VerifySeq:
 
 
 class Verifier:
-    def __init__(self, runner: ModelRunner, max_k: int, eos_token_ids: list[int], features: bool = False):
-        """features: return the target's features of the kept positions with each result (the draft is
-        feature-conditioned, workers/drafter.py)."""
-        self.runner, self.max_k, self.features = runner, max_k, features
+    def __init__(self, runner: ModelRunner, max_draft: int, eos_token_ids: list[int], features: bool = False):
+        """max_draft: the most drafts a row may carry in one step (k + Tetris extra); the cache reserves for it.
+        features: keep the target's features of the kept positions of each result in last_features (the draft
+        is feature-conditioned, workers/drafter.py)."""
+        self.runner, self.max_draft, self.features = runner, max_draft, features
         self.eos = frozenset(eos_token_ids)
         self.seqs: dict[int, _VerifySeq] = {}
+        # per result row of the last verify(): its features ([n, H] tensor; None when finished or not features);
+        # tensors stay out of StepResult, which is a message
+        self.last_features: list = []
 
     def add(self, req: NewRequest) -> None:
-        self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_k))
+        self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_draft))
         p = req.params
         stop = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos)
         self.seqs[req.rid] = _VerifySeq(list(req.prompt_ids), len(req.prompt_ids), p, req.seed, stop)
@@ -63,12 +67,13 @@ class Verifier:
         pos0 = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.long, device=dev)
         ns, toks = verify_batch(rows, pad, counts_t, q, rp, pos0, index)  # copies the logits once at most
         results = []
+        self.last_features = feats_out = []
         for i, (rid, s, d, c, n, tok) in enumerate(zip(rids, seqs, drafts, counts, ns, toks)):
             new, reason = self._cut(s, d[:n] + [tok])
             s.tokens.extend(new)
             results.append(StepResult(rid, new, c, n, reason))
-            if states is not None and not reason:  # the unverified tail and the accepted drafts
-                results[-1].features = states[i][:len(feed[i]) - c + n]
+            # the unverified tail and the accepted drafts
+            feats_out.append(states[i][:len(feed[i]) - c + n] if states is not None and not reason else None)
             if reason:
                 self.remove(rid)
             else:

@@ -117,7 +117,7 @@ async def run_trace(args) -> None:
     async with Engine(cfg) as engine:
         log: list[tuple] = []
         engine.scheduler.verdict_listeners.append(lambda m: log.append(
-            (m.get("k", 0), len(m["results"]), m["t0"], m["t1"], m.get("more", False), bool(m.get("prefill")))))
+            (m.k, len(m.results), m.t0, m.t1, m.more, m.prefill)))
         await run_workload(engine, prompts[:2], params, None)  # warm-up, as `dynamic.py ab` does
         for rep in range(args.reps):
             log.clear()

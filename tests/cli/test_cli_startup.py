@@ -55,7 +55,7 @@ def test_help_and_argument_errors_answer_at_once(argv, rc, expect):
 def test_k_is_ignored_in_autoregressive_mode():
     a = cli.build_parser().parse_args(["generate", "x", "--k", "0", "--mode", "autoregressive"])
     cfg = cli._generate_config(a)
-    assert cfg.effective_k == 0
+    assert not cfg.speculative and cfg.max_draft == 0
     a = cli.build_parser().parse_args(["generate", "x", "--k", "17"])
     with pytest.raises(ValueError, match="--k must be in 1..16"):
         cli._generate_config(a)

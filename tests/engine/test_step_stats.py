@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 
 from minedraft.engine.step_stats import StepStats
+from minedraft.ipc.messages import StepResult, Verdict
 
 
 def _verdict(batch, results, draft, verify):
-    return {"batch": batch, "results": [[i, [], d, a, None] for i, (d, a) in enumerate(results)],
-            "draft_t0": draft[0], "draft_t1": draft[1], "t0": verify[0], "t1": verify[1]}
+    rows = [StepResult(rid=i, new_tokens=[], num_drafted=d, num_accepted=a, finish_reason=None)
+            for i, (d, a) in enumerate(results)]
+    return Verdict(batch=batch, step=0, results=rows, t0=verify[0], t1=verify[1], prefill=False,
+                   draft_t0=draft[0], draft_t1=draft[1], k=max((d for d, _ in results), default=0), more=False)
 
 
 def test_step_stats_positions_times_and_timeline():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minedraft.ipc.messages import DraftsDesc
 from minedraft.ipc.tensors import DraftSlots, create_shm, destroy_shm, slot_nbytes
 
 
@@ -18,7 +19,7 @@ def test_slots_round_trip_and_empty_drafts_leave_the_slot_alone():
         assert drafts == [[1, 2, 3], [4, 5, 6]] and torch.equal(q2, q)
         before = bytes(shm[1].buf[:64])
         desc = producer.write(1, [[], [], []], None)  # k = 0: nothing to store
-        assert desc == {"slot": 1, "B": 3, "k": 0, "V": 0}
+        assert desc == DraftsDesc(slot=1, rows=3, width=0, vocab=0)
         assert bytes(shm[1].buf[:64]) == before
         assert consumer.read(desc) == ([[], [], []], None)
         del drafts, q2
@@ -45,7 +46,7 @@ def test_feature_slots_round_trip_ragged_rows():
         producer, consumer = FeatureSlots.attach_shm(names), FeatureSlots.attach_shm(names)
         rows = [torch.randn(3, 8), torch.empty(0, 8), torch.randn(5, 8)]
         desc = producer.write(1, rows)
-        assert desc["counts"] == [3, 0, 5]
+        assert desc.counts == [3, 0, 5]
         got = consumer.read(desc)
         assert [g.shape[0] for g in got] == [3, 0, 5]
         assert torch.equal(got[0], rows[0]) and torch.equal(got[2], rows[2])

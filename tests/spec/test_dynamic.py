@@ -181,11 +181,11 @@ async def test_engine_drops_to_plain_decoding_and_comes_back(tiny_pair):
             ctl.choose = choose
             return await engine.placement()
         where_plain, where_spec = await placement_at(0), await placement_at(2)
-    drafted = [sum(r[2] for r in m["results"]) for m in verdicts]
+    drafted = [sum(r.num_drafted for r in m.results) for m in verdicts]
     late1, late2 = drafted[n1 // 2:n1], drafted[n1 + (n2 - n1) // 2:n2]
     assert sum(d == 0 for d in late1) >= 0.7 * len(late1), late1  # plain decoding, exploring now and then
     assert sum(d > 0 for d in late2) >= 0.7 * len(late2), late2   # speculation is back
-    rows = [len(m["results"]) for m in verdicts]
+    rows = [len(m.results) for m in verdicts]
     plain_rows = [r for r, d in zip(rows[n1 // 2:n1], late1) if d == 0]
     spec_rows = [r for r, d in zip(rows[n1 + (n2 - n1) // 2:n2], late2) if d > 0]
     assert sorted(plain_rows)[len(plain_rows) // 2] == len(prompts), plain_rows  # one merged batch

@@ -187,7 +187,7 @@ async def test_pipeline_tetris_greedy_identity_and_ragged_verdicts(tiny_pair, gr
         results = await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=16, ignore_eos=True))
                                          for p in prompts))
     assert [r.token_ids for r in results] == greedy_ref(prompts, 16)
-    counts = [[r[2] for r in m["results"]] for m in verdicts]
+    counts = [[r.num_drafted for r in m.results] for m in verdicts]
     assert all(sum(c) <= 4 for c in counts)
     assert sum(1 for c in counts if len(set(c)) > 1) >= 3, counts  # rows of one step got different counts
     assert max(max(c) for c in counts) > 3  # some row got more than k: it used the extra drafts
