@@ -26,8 +26,9 @@ def parse_draft(draft: str) -> tuple[str, str]:
     if draft.startswith(SELF_PREFIX):
         scheme = draft[len(SELF_PREFIX):]
         if scheme not in SELF_SCHEMES:
-            raise ValueError(f"draft={draft!r}: unknown self-draft scheme {scheme!r}; valid: "
-                             f"{', '.join(SELF_PREFIX + s for s in SELF_SCHEMES)}")
+            raise ValueError(f"draft must be a model directory or one of "
+                             f"{', '.join(SELF_PREFIX + s for s in SELF_SCHEMES)}; {draft!r} names an unknown "
+                             f"self-draft scheme")
         return "self", scheme
     return "dir", draft
 
