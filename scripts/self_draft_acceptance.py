@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minedraft import hub  # noqa: E402
-from minedraft.chat_prompts import held_out_prompts  # noqa: E402
+from minedraft.models import hub  # noqa: E402
+from minedraft.bench.prompts import held_out_prompts  # noqa: E402
 from minedraft.config import EngineConfig  # noqa: E402
-from minedraft.local_engine import LocalEngine  # noqa: E402
+from minedraft.engine.local_engine import LocalEngine  # noqa: E402
 from minedraft.sampling_params import SamplingParams  # noqa: E402
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minedraft.chat_prompts import held_out_prompts  # noqa: E402
+from minedraft.bench.prompts import held_out_prompts  # noqa: E402
 from minedraft.workers import self_draft  # noqa: E402
 from minedraft.workers.model_runner import ModelRunner, load_causal_lm  # noqa: E402
 
@@ -147,7 +147,7 @@ def main(argv=None):
         report["variants"][name] = {"top1": top1, "one_minus_tv": ovl.mean().item(), "greedy_acceptance": acc,
                                     "ms": ms, "weight_mib": wb / 2**20, "load_s": load}
         print(f"{name}: top-1 {top1:.3f}, 1-TV {ovl.mean().item():.3f}, greedy acc/draft token k=1..8 "
-              + " ".join(f"{acc[k]:.3f}" for k in acc) + f"; ms B=1/4/16 " + " / ".join(f"{ms[B]:.1f}" for B in ms)
+              + " ".join(f"{acc[k]:.3f}" for k in acc) + "; ms B=1/4/16 " + " / ".join(f"{ms[B]:.1f}" for B in ms)
               + f"; {wb / 2**20:.0f} MiB, load {load:.1f} s", flush=True)
         del d, model
     if args.json:
