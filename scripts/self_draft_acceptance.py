@@ -30,6 +30,7 @@ def main(argv=None):
     ap.add_argument("--k", type=int, nargs="+", default=list(range(1, 9)))
     ap.add_argument("--temps", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=24, help="the first N held-out prompts (default: all 24)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -37,7 +38,7 @@ def main(argv=None):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(target, local_files_only=True)
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
-                                       return_dict=False) for p in held_out_prompts()]
+                                       return_dict=False) for p in held_out_prompts()[:args.prompts]]
     prompts = [list(p["input_ids"]) if isinstance(p, dict) else list(p) for p in prompts]
     out = []
     for d in args.drafts:

@@ -21,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE_MODELS = Path(__file__).resolve().parent / "models"
+PACKAGE_MODELS = Path(__file__).resolve().parent  # the bundled model folders sit beside this module
 DONE = ".minedraft-complete"   # written last: a folder without it is an interrupted pull
 
 
