@@ -178,3 +178,16 @@ def test_statistic_rejects_an_always_accepting_sampler(tiny_pair, monkeypatch):
     stat, dof, kept, _ = _first_two(tiny_pair)
     assert kept > 0.99
     assert stat > 5 * chi2_critical(dof), f"a wrong sampler passed: chi2={stat:.1f} dof={dof}"
+
+
+async def test_self_draft_of_a_tensor_parallel_target(bundled_pair, alone):
+    """target_tp=2: the drafter (one rank) builds its draft from the whole target folder; the verifier's two ranks
+    hold halves of the float32 target. Greedy output is still the target alone's."""
+    target, _ = bundled_pair
+    cfg = EngineConfig(draft="self:int4", k=3, mode="minedraft", target_tp=2, **_kw(target))
+    async with Engine(cfg) as engine:
+        res = await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=40, ignore_eos=True))
+                                     for p in PROMPTS))
+        where = await engine.placement()
+    assert [r.token_ids for r in res] == alone
+    assert where["drafter"]["model"]["scheme"] == "self:int4"
