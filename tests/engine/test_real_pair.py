@@ -87,7 +87,7 @@ async def test_greedy_equals_transformers_generate(pair, prompts, hf_reference, 
 @pytest.mark.parametrize("scheme", ["self:int4", "self:bf16"])
 def test_self_draft_is_accepted_on_held_out_chat_prompts(pair, tok, scheme):
     """The target's own weights, converted: issue 29's bar is 0.85 per draft token at k = 3, greedy, on held-out
-    chat (scripts/self_draft_eval.py measures all 24 prompts, k = 1..8; BENCHMARKS "Self-drafts")."""
+    chat (scripts/bench/self_draft_eval.py measures all 24 prompts, k = 1..8; BENCHMARKS "Self-drafts")."""
     from minedraft.engine.local_engine import LocalEngine
     torch.set_num_threads(1)
     held = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,

@@ -1,7 +1,7 @@
 """Per-draft-token acceptance of drafts on the real pair, measured through the engine's own code (LocalEngine,
 sequential SD): the held-out chat prompts with the chat template, greedy and at T = 1.
 
-    python scripts/self_draft_acceptance.py --drafts self:int4 self:bf16 trained --k 1 2 3 4 5 6 7 8 --temps 0 1
+    python scripts/bench/self_draft_acceptance.py --drafts self:int4 self:bf16 trained --k 1 2 3 4 5 6 7 8 --temps 0 1
 
 Prints one line per (draft, temperature, k): accepted / drafted, and output tokens per step.
 """
@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minedraft.models import hub  # noqa: E402
-from minedraft.bench.prompts import held_out_prompts  # noqa: E402
-from minedraft.config import EngineConfig  # noqa: E402
-from minedraft.engine.local_engine import LocalEngine  # noqa: E402
-from minedraft.sampling_params import SamplingParams  # noqa: E402
+from minedraft.models import hub
+from minedraft.bench.prompts import held_out_prompts
+from minedraft.config import EngineConfig
+from minedraft.engine.local_engine import LocalEngine
+from minedraft.sampling_params import SamplingParams
 
 
 def main(argv=None):

@@ -1,6 +1,6 @@
 """Self-draft schemes on the real target: agreement, acceptance, cost, memory, load time (BENCHMARKS "Self-drafts").
 
-    flock /work/notes/bench.lock python scripts/self_draft_eval.py [--target DIR] [--max-new 64]
+    flock /work/notes/bench.lock python scripts/bench/self_draft_eval.py [--target DIR] [--max-new 64]
 
 1. The fp32 target answers the held-out chat prompts greedily (chat template applied), through ModelRunner.
 2. Each draft variant reads those sequences teacher-forced: top-1 agreement with the target at each answer
@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from minedraft.bench.prompts import held_out_prompts  # noqa: E402
-from minedraft.workers import self_draft  # noqa: E402
-from minedraft.workers.model_runner import ModelRunner, load_causal_lm  # noqa: E402
+from minedraft.bench.prompts import held_out_prompts
+from minedraft.workers import self_draft
+from minedraft.workers.model_runner import ModelRunner, load_causal_lm
 
 VARIANTS = {  # name -> (scheme, group, head, activations)
     "bf16": ("bf16", 32, "float", "bfloat16"),
