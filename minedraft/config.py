@@ -13,12 +13,30 @@ MODELS_DIR = Path(__file__).resolve().parent / "models"
 DEFAULT_TARGET = str(MODELS_DIR / "tiny-target")
 DEFAULT_DRAFT = str(MODELS_DIR / "tiny-draft")
 MODES = ("minedraft", "sequential", "autoregressive")
+SELF_PREFIX = "self:"
+SELF_SCHEMES = ("int4", "bf16")  # self-drafts: the target's own weights, converted (workers/self_draft.py)
+
+
+def parse_draft(draft: str) -> tuple[str, str]:
+    """The draft option, read in one place: ("self", scheme) for a self-draft such as "self:int4", else
+    ("dir", path) for a draft model folder. A ValueError names the option and the valid forms."""
+    if not isinstance(draft, str):
+        raise ValueError(f"draft must be a model directory or one of {', '.join(SELF_PREFIX + s for s in SELF_SCHEMES)}"
+                         f", got {draft!r}")
+    if draft.startswith(SELF_PREFIX):
+        scheme = draft[len(SELF_PREFIX):]
+        if scheme not in SELF_SCHEMES:
+            raise ValueError(f"draft must be a model directory or one of "
+                             f"{', '.join(SELF_PREFIX + s for s in SELF_SCHEMES)}; {draft!r} names an unknown "
+                             f"self-draft scheme")
+        return "self", scheme
+    return "dir", draft
 
 
 @dataclass
 class EngineConfig:
     target: str = DEFAULT_TARGET
-    draft: str = DEFAULT_DRAFT
+    draft: str = DEFAULT_DRAFT       # a draft model folder, or "self:int4" / "self:bf16" (the target's own weights)
     mode: str = "minedraft"          # two-batch overlap | standard SD | target alone
     k: int = 4                       # draft tokens per step (the upper bound when adaptive_k)
     adaptive_k: bool = False         # dynamic speculation: pick k per step (0..k) from measured cost and acceptance
@@ -100,7 +118,13 @@ class EngineConfig:
             resolve(self.draft_cores, self.target_cores, self.mode)
         except ValueError as e:
             bad(str(e))
-        for name in ("target", "draft"):
+        try:
+            kind, _ = parse_draft(self.draft)
+        except ValueError as e:
+            bad(str(e))
+        if kind == "self" and self.draft_tp > 1:
+            bad(f"draft={self.draft!r} runs on one drafter rank; set draft_tp=1 (the target may still use target_tp)")
+        for name in ("target", "draft") if kind == "dir" else ("target",):
             p = getattr(self, name)
             if not os.path.isdir(p):
                 bad(f"{name} model path {p!r} is not a directory (models load from local paths only)")

@@ -110,7 +110,14 @@ def hf_assisted(target: str, draft: str, prompts, max_tokens: int, repeats: int,
     tok = AutoTokenizer.from_pretrained(target, local_files_only=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     tm = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, local_files_only=True).to(dev).eval()
-    dm = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype, local_files_only=True).to(dev).eval()
+    from ..config import parse_draft
+    kind, scheme = parse_draft(draft)
+    if kind == "self":  # the same self-draft the engine builds, as a transformers model
+        from ..workers.self_draft import convert
+        dm = convert(AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32, local_files_only=True)
+                     .to(dev), scheme)
+    else:
+        dm = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype, local_files_only=True).to(dev).eval()
     runs = []
     for _ in range(repeats):
         lat, n = [], 0
@@ -289,7 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="minedraft bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=DEFAULT_TARGET, help="target model dir (default: bundled tiny-target)")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model dir (default: bundled tiny-draft)")
+    p.add_argument("--draft", default=None, help="draft model dir, or self:int4 / self:bf16 (the target's own "
+                   "weights; default: the --model pair's default draft, else the bundled tiny-draft)")
+    p.add_argument("--model", default=None, help="a named pair instead of --target/--draft, e.g. smollm2-135m "
+                   "(`minedraft models list`)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="modes to compare (default: all)")
     p.add_argument("--k", type=int, nargs="+", help="draft lengths to sweep, e.g. --k 1 2 3 4 5 6 (default: 4)")
     p.add_argument("--batch", type=int, nargs="+", help="concurrent requests to sweep (default: 16)")
@@ -328,6 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.model:
+            from ..cli.models import resolve_model
+            args.target, args.draft = resolve_model(args.model, args.draft)
+        elif args.draft is None:
+            args.draft = DEFAULT_DRAFT
         try:
             import uvloop
             rows = uvloop.run(_bench(args))

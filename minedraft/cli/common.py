@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-from ..config import EngineConfig
+from ..config import DEFAULT_DRAFT, EngineConfig
 from ..serving.zmq.protocol import DEFAULT_MAX_QUEUED_REPLIES  # noqa: F401  (one constant for cli and server)
 
 PROG = "minedraft"
@@ -64,10 +64,10 @@ def _cores(s: str) -> list[int]:
 
 
 def _engine_kw(a) -> dict:
-    target, draft = (a.target, a.draft)
+    target, draft = (a.target, a.draft if a.draft is not None else DEFAULT_DRAFT)
     if a.model:
         from .models import resolve_model
-        target, draft = resolve_model(a.model)
+        target, draft = resolve_model(a.model, a.draft)
     return dict(target=target, draft=draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k, tetris=a.tetris,
                 tetris_capacity=a.tetris_capacity, tetris_extra=a.tetris_extra,
                 max_prompt_tokens=a.max_prompt_tokens, dtype=a.dtype, target_device=a.target_device,

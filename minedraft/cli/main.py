@@ -25,11 +25,14 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", default=DEFAULT_TARGET, metavar="DIR",
                    help="target model directory (weights + tokenizer; loaded from local files only) "
                         "(default: the tiny pair bundled with minedraft, %(default)s)")
-    g.add_argument("--draft", default=DEFAULT_DRAFT, metavar="DIR",
-                   help="draft model directory; must share the target's tokenizer (default: %(default)s)")
+    g.add_argument("--draft", default=None, metavar="DIR|self:SCHEME",
+                   help="draft model directory (must share the target's tokenizer), or self:int4 / self:bf16: the "
+                        "target's own weights, int4 weight-only or bfloat16, built at load (default: the --model "
+                        f"pair's default draft, else {DEFAULT_DRAFT})")
     g.add_argument("--model", default=None, metavar="NAME",
                    help="a named pair instead of --target/--draft: 'tiny' (bundled) or a pulled one such as "
-                        "smollm2-135m (see `minedraft models list`)")
+                        "smollm2-135m, which drafts with self:int4 unless --draft says otherwise (see "
+                        "`minedraft models list`)")
     g.add_argument("--mode", choices=MODES, default=_default("mode"),
                    help="minedraft: draft one batch while verifying the other; sequential: standard "
                         "speculative decoding; autoregressive: target alone")

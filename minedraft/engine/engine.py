@@ -311,8 +311,9 @@ class Engine:
         return await self.scheduler.probe()
 
     async def placement(self) -> dict:
-        """Where each worker runs: {"drafter": {"cores": [...], "threads": n}, "verifier": {...}}."""
-        return await self.scheduler.probe(keep=("cores", "threads"))
+        """Where each worker runs and what its model takes: {"drafter": {"cores": [...], "threads": n, "model":
+        {"weight_bytes": n, ...}}, "verifier": {...}} (a self-draft's model also names its scheme and load_s)."""
+        return await self.scheduler.probe(keep=("cores", "threads", "model"))
 
     def stats(self) -> dict:
         s = self.scheduler

@@ -18,6 +18,7 @@ from .request_state import RequestState, make_request
 from ..models.check import eos_ids
 from ..workers.drafter import Drafter
 from ..workers.model_runner import ModelRunner
+from ..workers.self_draft import load_draft
 from ..workers.verifier import Verifier
 
 
@@ -33,7 +34,7 @@ class LocalEngine:
         self.drafter = None
         if self.k:
             ddev = "cpu" if cfg.draft_device == "auto" else cfg.draft_device
-            self.draft = ModelRunner.from_pretrained(cfg.draft, cfg.kv_cache_tokens, cfg.block_size, ddev, cfg.dtype)
+            self.draft = load_draft(cfg.draft, cfg.target, cfg.kv_cache_tokens, cfg.block_size, ddev, cfg.dtype)
             if self.draft.vocab_size != self.target.vocab_size:
                 raise ValueError("draft and target vocabularies differ; they must share a tokenizer")
             self.drafter = Drafter(self.draft, self.max_draft)

