@@ -9,7 +9,6 @@ import re
 import sys
 
 from ..config import DEFAULT_DRAFT, EngineConfig
-from ..serving.zmq.protocol import DEFAULT_MAX_QUEUED_REPLIES  # noqa: F401  (one constant for cli and server)
 
 PROG = "minedraft"
 ZMQ_DEFAULT_BIND = "tcp://127.0.0.1:5555"

@@ -18,7 +18,8 @@ import sys
 import time
 
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig
-from .common import (DEFAULT_MAX_QUEUED_REPLIES, PROG, _cores, _default, _engine_kw, _fail,
+from ..serving.zmq.protocol import DEFAULT_MAX_QUEUED_REPLIES  # one constant for the cli and the server
+from .common import (PROG, _cores, _default, _engine_kw, _fail,
                      _Formatter, _name_options, _positive_int, _quiet_libraries, _run_async)
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and engine")
