@@ -138,6 +138,11 @@ async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, a
                 ready(lines)
             await stop.wait()
             log.info("shutting down")
+            # The engine first: it fails every pending request at once, so each handler still running writes its
+            # ending (a stream: an error event and [DONE]; a plain request: a 503 engine_dead) while the
+            # workers stop; new requests get the same 503. Only then uvicorn, whose graceful shutdown cancels
+            # the handlers still running after its timeout (it used to cut every stream mid-way, issue 35).
+            await engine.shutdown("server shutting down")
             await hserver.stop()
     finally:
         if hserver is not None:
