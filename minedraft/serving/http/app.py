@@ -264,7 +264,8 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
 
 
 class _CountStatus:
-    """ASGI wrapper counting responses by route and status for minedraft_http_requests_total."""
+    """ASGI wrapper counting responses by route and status for minedraft_http_requests_total; it also refuses
+    a request framed two ways before any route sees it."""
 
     def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -283,4 +284,10 @@ class _CountStatus:
             if msg["type"] == "http.response.start":
                 self.metrics.http.labels(route, str(msg["status"])).inc()
             await send(msg)
+        names = {k for k, _ in scope["headers"]}
+        if b"transfer-encoding" in names and b"content-length" in names:
+            # RFC 9112 6.3: ambiguous framing (a request-smuggling vector); refuse it and close the connection
+            err = oa.invalid("the request has both Transfer-Encoding and Content-Length; send one")
+            return await JSONResponse(err.body(), status_code=400, headers={"connection": "close"})(
+                scope, receive, counting_send)
         await self.app(scope, receive, counting_send)
