@@ -90,17 +90,24 @@ class Serve:
                 self.proc.kill()
 
 
+PROBE_TIMEOUT_S = 60.0
+
+
 async def probe(url: str, seconds: float) -> list[float]:
-    """Latencies of back-to-back 32-token greedy completions for `seconds` (at least 3)."""
+    """Latencies of back-to-back 32-token greedy completions for `seconds` (at least 3 unless one times out:
+    a timed-out request counts as PROBE_TIMEOUT_S)."""
     out = []
     t_end = time.monotonic() + seconds
-    async with httpx.AsyncClient(timeout=120) as c:
-        while time.monotonic() < t_end or len(out) < 3:
+    async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as c:
+        while time.monotonic() < t_end or (len(out) < 3 and max(out, default=0) < PROBE_TIMEOUT_S):
             t0 = time.monotonic()
-            r = await c.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 32, "temperature": 0,
-                                                            "ignore_eos": True})
-            r.raise_for_status()
-            out.append(time.monotonic() - t0)
+            try:
+                r = await c.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 32,
+                                                                "temperature": 0, "ignore_eos": True})
+                r.raise_for_status()
+                out.append(time.monotonic() - t0)
+            except httpx.TimeoutException:
+                out.append(PROBE_TIMEOUT_S)
     return out
 
 
@@ -111,10 +118,14 @@ async def under_flood(url: str, body: dict, path: str, senders: int, seconds: fl
     stop = False
 
     async def send():
-        async with httpx.AsyncClient(timeout=300) as c:
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as c:
             while not stop:
-                r = await c.post(url + path, content=raw, headers={"content-type": "application/json"})
-                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                try:
+                    r = await c.post(url + path, content=raw, headers={"content-type": "application/json"})
+                    key = r.status_code
+                except httpx.HTTPError as e:
+                    key = type(e).__name__
+                statuses[key] = statuses.get(key, 0) + 1
     tasks = [asyncio.ensure_future(send()) for _ in range(senders)]
     await asyncio.sleep(0.5)
     lat = await probe(url, seconds)

@@ -19,7 +19,7 @@ import time
 
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig
 from .common import (DEFAULT_MAX_QUEUED_REPLIES, PROG, _cores, _default, _engine_kw, _fail,
-                     _Formatter, _name_options, _positive_int, _quiet_libraries, _run_async)
+                     _Formatter, _name_options, _positive_float, _positive_int, _quiet_libraries, _run_async)
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and engine")
     g.add_argument("--target", default=DEFAULT_TARGET, metavar="DIR",
@@ -157,6 +157,15 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--max-queued-replies", type=_positive_int, default=DEFAULT_MAX_QUEUED_REPLIES, metavar="N",
                    help="unread replies the server holds for one client; a client past it is dropped (its "
                         "requests cancelled, its messages ignored for 10 s)")
+    from ..serving.http.guard import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S  # light: no uvicorn, no engine
+    n.add_argument("--http-header-timeout", type=_positive_float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
+                   help="HTTP only: a connection must send a request's complete headers within S seconds of "
+                        "opening (or of its first byte after a keep-alive pause), else 408 and closed")
+    n.add_argument("--http-body-timeout", type=_positive_float, default=DEFAULT_BODY_TIMEOUT_S, metavar="S",
+                   help="HTTP only: a request body must arrive within S seconds of its headers, else 408")
+    n.add_argument("--http-max-connections", type=_positive_int, default=None, metavar="N",
+                   help="HTTP only: open connections; at N a new one closes the oldest idle one, or gets a 503 "
+                        "when all are busy (default: the open-file limit minus 128, at most 4096)")
     _add_model_args(v)
     e = v.add_argument_group("capacity")
     e.add_argument("--max-tokens-limit", type=_positive_int, default=_default("max_tokens_limit"), metavar="N",

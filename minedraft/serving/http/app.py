@@ -72,7 +72,12 @@ async def _until_disconnect(request: Request, aw):
     await asyncio.wait({task})  # a cancelled task ends once it has run its cancellation (the abort)
     if task.cancelled():
         raise oa.APIError(499, "client disconnected")  # nobody reads it; ends the handler
-    return task.result()
+    try:
+        return task.result()
+    finally:
+        # a failed task holds its exception, whose traceback holds this frame, which holds the task: a cycle
+        # only a full gc frees, which kept every refused request's body (MBs of messages) alive (issue 35)
+        del task
 
 
 def _internal_error(exc: BaseException) -> JSONResponse:
@@ -127,7 +132,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
                 raise oa.APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes",
                                   code="request_too_large")
         try:
-            obj = json.loads(body)
+            obj = oa.decode_json(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise oa.invalid(f"the request body is not valid JSON: {e}") from None
         except RecursionError:
