@@ -71,7 +71,7 @@ class Serve:
         def limit():
             if nofile:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-        self.proc = subprocess.Popen([sys.executable, "-m", "minedraft.cli", "serve", "--http", "127.0.0.1:0",
+        self.proc = subprocess.Popen([sys.executable, "-m", "minedraft", "serve", "--http", "127.0.0.1:0",
                                       "--log-level", "error"], stdout=subprocess.PIPE, env=env, cwd=root,
                                      preexec_fn=limit)
         line = self.proc.stdout.readline().decode()

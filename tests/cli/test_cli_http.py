@@ -118,7 +118,7 @@ def test_sigterm_ends_every_stream_and_answers_plain_requests_503():
     import os
     import threading
     import time
-    p = subprocess.Popen([sys.executable, "-m", "minedraft.cli", "serve", "--http", "127.0.0.1:0"],
+    p = subprocess.Popen([sys.executable, "-m", "minedraft", "serve", "--http", "127.0.0.1:0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = p.stdout.readline().split()[-1]
