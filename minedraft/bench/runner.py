@@ -290,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=DEFAULT_TARGET, help="target model dir (default: bundled tiny-target)")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model dir (default: bundled tiny-draft)")
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help="a named pair instead of --target/--draft, as generate and serve take it: 'tiny' or a "
+                        "pulled one such as smollm2-135m (`minedraft models list`)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="modes to compare (default: all)")
     p.add_argument("--k", type=int, nargs="+", help="draft lengths to sweep, e.g. --k 1 2 3 4 5 6 (default: 4)")
     p.add_argument("--batch", type=int, nargs="+", help="concurrent requests to sweep (default: 16)")
@@ -327,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.model is not None:
+        from ..models.hub import PullError, resolve
+        try:
+            args.target, args.draft = resolve(args.model)
+        except PullError as e:
+            print(f"minedraft bench: error: {e}")
+            return 2
     try:
         try:
             import uvloop

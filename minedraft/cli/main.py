@@ -73,8 +73,15 @@ def _lazy(name: str):
     return run
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad option is one line, like the errors the commands raise themselves, not the whole usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, formatter_class=_Formatter,
+    p = _Parser(prog=PROG, formatter_class=_Formatter,
                                 description="Batch-parallel speculative decoding: draft one batch while verifying "
                                             "the other.")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -111,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     # serve ----------------------------------------------------------------------------------------------------
-    v = sub.add_parser("serve", formatter_class=_Formatter, help="serve requests over ZeroMQ (docs/PROTOCOL.md)",
+    v = sub.add_parser("serve", formatter_class=_Formatter, help="serve requests over ZeroMQ (docs/PROTOCOL.md) and/or HTTP (OpenAI's API, --http)",
                        description="Run the engine behind a ZeroMQ ROUTER socket speaking the msgpack protocol of "
                                    "docs/PROTOCOL.md (clients: minedraft.client.Client, clients/node). Many "
                                    "clients, many concurrent requests each. Prints 'listening on ENDPOINT' to "
