@@ -18,7 +18,7 @@ import time
 
 from tqdm import tqdm
 
-from .baselines import headline, in_process_rows, in_process_runs
+from .baselines import IN_PROCESS_AR, headline, in_process_rows, in_process_runs
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
 from ..cores import available_cores, format_cores, threads_for
 from ..engine.engine import Engine
@@ -137,13 +137,25 @@ COLS = [("tok_s", "tok/s", "{:8.1f}"), ("lat_p50", "lat p50 s", "{:9.3f}"), ("la
         ("overlap", "overlap", "{:7.2f}"), ("same", "same", "{:5.2f}")]
 
 
+LEGEND = ("accept: accepted / drafted tokens (- : the row never drafts); tok/step: output tokens per request "
+          "step; ver/step: tokens the verifier scores per step (drafts + one per request); out/ver: output tokens "
+          "per scored token; Td/Tv: draft/verify time per step; overlap: max(Td, Tv) / step time; same: share of "
+          "greedy outputs equal to the target alone's")
+
+
 def format_table(rows: list[tuple[str, dict]]) -> str:
     head = f"{'setting':50s}" + "".join(f"{h:>{len(fmt.format(0))+1}s}" for _, h, fmt in COLS)
     lines = [head, "-" * len(head)]
     for name, m in rows:
-        cells = "".join(" " + (fmt.format(m[k]) if k in m else " " * len(fmt.format(0))) for k, _, fmt in COLS)
-        lines.append(f"{name:50s}{cells}")
-    return "\n".join(lines)
+        never_drafts = name.startswith(("autoregressive", IN_PROCESS_AR))
+
+        def cell(k, fmt):
+            width = len(fmt.format(0))
+            if k == "accept" and never_drafts:
+                return f"{'-':>{width}s}"
+            return fmt.format(m[k]) if k in m else " " * width
+        lines.append(f"{name:50s}" + "".join(" " + cell(k, fmt) for k, _, fmt in COLS))
+    return "\n".join(lines + [LEGEND])
 
 
 async def _bench(args) -> list[tuple[str, dict]]:

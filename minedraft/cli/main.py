@@ -73,6 +73,21 @@ def _lazy(name: str):
     return run
 
 
+def _since_launch() -> float:
+    """Seconds since this process started (imports included), as the user waited; since this module was
+    imported where /proc is missing."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+_IMPORTED = time.perf_counter()
+
+
 class _Parser(argparse.ArgumentParser):
     """A bad option is one line, like the errors the commands raise themselves, not the whole usage block."""
 
@@ -274,18 +289,21 @@ def cmd_generate(a) -> int:
                 deltas = engine.stream_chat(msgs, params)
             else:
                 deltas = engine.stream(prompt, params)
+            first = None
             async for d in deltas:
                 if d.text:
                     sys.stdout.write(d.text)
                     sys.stdout.flush()
+                    if first is None:
+                        first = _since_launch()
                 if d.finished:
                     final = d
             sys.stdout.write("\n")
             sys.stdout.flush()
-            return final, t_start, engine.stats()
+            return final, t_start, first, engine.stats()
 
     try:
-        final, t_start, est = _run_async(run(), not a.no_uvloop)
+        final, t_start, first, est = _run_async(run(), not a.no_uvloop)
     except (ValueError, MinedraftError) as e:
         return _fail(str(e), 1)
     except Exception as e:  # e.g. a model directory that transformers cannot load
@@ -295,10 +313,12 @@ def cmd_generate(a) -> int:
         tps = st.output_tokens / st.latency_s if st.latency_s > 0 else 0.0
         acc = (f"acceptance {100 * st.acceptance_rate:.1f}% ({st.accepted_tokens}/{st.draft_tokens} drafts), "
                f"{st.mean_accepted_length:.2f} tokens/step, " if cfg.speculative else "")
+        extras = "".join(f", {x}" for x, on in (("dynamic", cfg.adaptive_k), ("tetris", cfg.tetris)) if on)
+        shown = f"first text {first:.1f} s after launch, " if first is not None else ""
         print(f"[{PROG}] {st.output_tokens} tokens in {st.latency_s:.2f} s ({tps:.1f} tokens/s), {acc}"
-              f"ttft {1000 * st.ttft_s:.0f} ms, finish {final.finish_reason}; mode {cfg.mode}, "
-              f"k {cfg.k if cfg.speculative else 0}, "
-              f"engine start {t_start:.1f} s", file=sys.stderr)
+              f"{shown}engine start {t_start:.1f} s, ttft once started {1000 * st.ttft_s:.0f} ms, finish "
+              f"{final.finish_reason}; mode {cfg.mode}, k {cfg.k if cfg.speculative else 0}{extras}",
+              file=sys.stderr)
     return 0
 
 
