@@ -22,7 +22,7 @@ import zmq
 import zmq.asyncio
 from msgspec.structs import replace
 
-from .scheduler import AsyncScheduler
+from .scheduler import UNGUARDED_MAIN_EXIT, AsyncScheduler
 from ..config import EngineConfig
 from ..cores import resolve as resolve_cores
 from ..errors import EngineDeadError
@@ -81,6 +81,11 @@ def _start_without_sigint(procs) -> None:
 
 class Engine:
     def __init__(self, config: EngineConfig | None = None, *, trace: bool = False, fault=None, **overrides):
+        if getattr(mp.current_process(), "_inheriting", False):
+            # a worker being spawned is re-running its parent's script, which builds an Engine at import time
+            # (no __main__ guard): leave quietly with a code the parent turns into one sentence, instead of
+            # multiprocessing's page of tracebacks from every worker
+            os._exit(UNGUARDED_MAIN_EXIT)
         self.config = config or EngineConfig(**overrides)
         self._trace, self._fault = trace, fault
         self.scheduler: AsyncScheduler | None = None
