@@ -120,7 +120,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             raise oa.APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'",
                               "invalid_request_error", "invalid_api_key")
 
-    async def read_json(request: Request):
+    async def read_json(request: Request, max_messages: int | None = None):
         n = request.headers.get("content-length")
         if n is not None and n.isdigit() and int(n) > max_body_bytes:
             raise oa.APIError(413, f"request body is {n} bytes; the limit is {max_body_bytes}",
@@ -131,6 +131,10 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             if len(body) > max_body_bytes:
                 raise oa.APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes",
                                   code="request_too_large")
+        if max_messages is not None and (n := oa.too_many_messages(body, max_messages)) is not None:
+            # the engine's own limit (engine/chat.py), checked before the messages are built
+            raise oa.invalid(f"{n} messages; the limit is {max_messages} (max_prompt_tokens: each message takes "
+                             "at least one token)", "messages")
         try:
             obj = oa.decode_json(body)
         except (ValueError, UnicodeDecodeError) as e:
@@ -147,7 +151,8 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
 
     async def chat(request: Request):
         check_key(request)
-        req = oa.parse_chat(await read_json(request), served, engine.config.max_tokens_limit)
+        body = await read_json(request, max_messages=engine.config.max_prompt_tokens)
+        req = oa.parse_chat(body, served, engine.config.max_tokens_limit)
         return await _answer(request, req, oa.new_id("chatcmpl"), chat=True)
 
     async def _answer(request: Request, req: oa.ParsedRequest, rid: str, chat: bool):

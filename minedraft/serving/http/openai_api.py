@@ -167,6 +167,28 @@ def engine_refusal(e: InvalidRequestError, req: ParsedRequest, chat: bool) -> AP
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+def too_many_messages(raw, limit: int) -> int | None:
+    """The number of chat messages in a raw body when it is over limit, else None: counted by skimming the body
+    (msgspec slices each message without building it, ~8x cheaper than parsing them), so a refused
+    12,000-message body costs a fraction of a millisecond of event loop. None too when the body cannot be skimmed
+    (no msgspec, not a JSON object, messages not a list): the full parse then says what is wrong."""
+    try:
+        import msgspec
+    except ImportError:
+        return None
+    global _SKIM
+    if _SKIM is None:
+        _SKIM = msgspec.json.Decoder(msgspec.defstruct("_Messages", [("messages", list[msgspec.Raw], [])]))
+    try:
+        n = len(_SKIM.decode(raw).messages)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    return n if n > limit else None
+
+
+_SKIM = None
+
+
 def decode_json(raw) -> object:
     """The request body, parsed by msgspec's decoder (2-30x json's on bodies of many small objects, the most
     event-loop time a refused request costs); json's where the body escapes a surrogate (msgspec refuses a lone
