@@ -2,9 +2,9 @@
 """Attacks on `minedraft serve --http` (issue 35), measured for README's reliability table. Traffic goes to
 127.0.0.1 only, every loop is bounded.
 
-    python scripts/attack_http.py                        # this tree, every attack
-    python scripts/attack_http.py --root /tmp/before     # another checkout of minedraft (the "before" figures)
-    python scripts/attack_http.py --only stops chat
+    python scripts/reliability/attack_http.py                        # this tree, every attack
+    python scripts/reliability/attack_http.py --root /tmp/before     # another checkout of minedraft (the "before" figures)
+    python scripts/reliability/attack_http.py --only stops chat
 
 Attacks (each against a fresh `minedraft serve --http 127.0.0.1:0` subprocess, bundled models):
   stops     senders post completions with 10,000 non-matching 95-character stop strings (990 KB, max_tokens 512,
@@ -38,7 +38,7 @@ try:  # the HTTP client the installed openai package is built on
 except ImportError:
     import httpx
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPT = "The while statement is used for"
 
 
