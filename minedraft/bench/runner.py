@@ -21,7 +21,6 @@ from tqdm import tqdm
 from .baselines import IN_PROCESS_AR, headline, in_process_rows, in_process_runs
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
 from ..cores import available_cores, format_cores, threads_for
-from ..engine.engine import Engine
 from ..sampling_params import SamplingParams
 
 MODES = ("autoregressive", "sequential", "minedraft")
@@ -55,7 +54,7 @@ def _pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
 
 
-async def run_workload(engine: Engine, prompts, params, rate: float | None, seed: int = 0):
+async def run_workload(engine, prompts, params, rate: float | None, seed: int = 0):
     """Submit prompts (all at once, or Poisson arrivals at `rate` req/s) and measure.
 
     Returns (metrics, the output token ids of each prompt, in prompt order)."""
@@ -206,6 +205,7 @@ async def _bench(args) -> list[tuple[str, dict]]:
             where = (f" cores={format_cores(cfg.draft_cores)}+{format_cores(cfg.target_cores)}" if split else "")
             want_trace = (bool(args.trace or args.plot) and mode == "minedraft" and not adaptive and not tet
                           and split == splits[-1])
+            from ..engine.engine import Engine  # torch: not at `bench --help`
             async with Engine(cfg, trace=want_trace) as engine:
                 await run_workload(engine, make_prompts(2, 99), params, None)  # warm-up
                 seen: set = set()
