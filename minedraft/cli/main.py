@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     # serve ----------------------------------------------------------------------------------------------------
-    v = sub.add_parser("serve", formatter_class=_Formatter, help="serve requests over ZeroMQ (docs/PROTOCOL.md) and/or HTTP (OpenAI's API, --http)",
+    v = sub.add_parser("serve", formatter_class=_Formatter,
+                       help="serve requests over ZeroMQ (docs/PROTOCOL.md) and/or HTTP (OpenAI's API, --http)",
                        description="Run the engine behind a ZeroMQ ROUTER socket speaking the msgpack protocol of "
                                    "docs/PROTOCOL.md (clients: minedraft.client.Client, clients/node). Many "
                                    "clients, many concurrent requests each. Prints 'listening on ENDPOINT' to "

@@ -3,7 +3,7 @@
 127.0.0.1 only, every loop is bounded.
 
     python scripts/reliability/attack_http.py                        # this tree, every attack
-    python scripts/reliability/attack_http.py --root /tmp/before     # another checkout of minedraft (the "before" figures)
+    python scripts/reliability/attack_http.py --root /tmp/before     # another checkout (the "before" figures)
     python scripts/reliability/attack_http.py --only stops chat
 
 Attacks (each against a fresh `minedraft serve --http 127.0.0.1:0` subprocess, bundled models):

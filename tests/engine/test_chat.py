@@ -52,7 +52,8 @@ def test_tokenizer_without_template_refused(tok):
 def test_overlong_messages_refused_before_rendering(tok, monkeypatch):
     rendered = []
     real = type(tok).apply_chat_template
-    monkeypatch.setattr(type(tok), "apply_chat_template", lambda self, *a, **k: rendered.append(1) or real(self, *a, **k))
+    monkeypatch.setattr(type(tok), "apply_chat_template",
+                        lambda self, *a, **k: rendered.append(1) or real(self, *a, **k))
     with pytest.raises(InvalidRequestError, match="characters"):
         chat_prompt_ids(tok, [{"role": "user", "content": "x" * 1601}], max_prompt_tokens=100)
     # the attack of issue 35: many one-character messages, whose content alone is short, refused by their count
