@@ -45,7 +45,7 @@ def test_bench_tiny_run(tiny_pair, tmp_path, capsys):
     assert {(1, "draft", 0), (1, "draft", 1), (2, "verify", 0), (2, "verify", 1)} <= work
     assert plot.stat().st_size > 10_000
     table = bench.format_table(rows)
-    assert "overlap" in table and len(table.splitlines()) == len(rows) + 2
+    assert "overlap" in table and len(table.splitlines()) == len(rows) + 3  # header, rule, rows, legend
     lines = bench.ratios(rows)
     assert any("x sequential SD at the same k" in line for line in lines)
     assert any("best fixed-k minedraft" in line for line in lines)
