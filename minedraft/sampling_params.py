@@ -10,6 +10,10 @@ from .errors import InvalidRequestError, check_text
 
 GREEDY_BELOW = 1e-5
 INT_LIMIT = 2**31  # ints travel to the workers as msgpack; nothing real comes near this
+# Stop strings are matched on the caller's event loop: these bound the matcher's size (detokenize.StopMatcher),
+# so one request cannot stall every other (README, Limits)
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 128
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,11 @@ class SamplingParams:
         for tid in self.stop_token_ids:
             if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid < INT_LIMIT:
                 bad("stop_token_ids", f"stop_token_ids must be ints in [0, 2**31), got {tid!r}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            bad("stop", f"{len(self.stop)} stop strings; the limit is {MAX_STOP_STRINGS} (MAX_STOP_STRINGS)")
         for s in self.stop:
+            if isinstance(s, str) and len(s) > MAX_STOP_CHARS:
+                bad("stop", f"a stop string of {len(s)} characters; the limit is {MAX_STOP_CHARS} (MAX_STOP_CHARS)")
             if not isinstance(s, str) or not s:
                 bad("stop", f"stop strings must be non-empty str, got {s!r}")
             check_text(s, "invalid SamplingParams: a stop string", "stop")

@@ -71,3 +71,10 @@ def test_valid_params_and_round_trip():
         SamplingParams(**kw)
 
 
+@pytest.mark.parametrize("stop, match", [(["x"] * 17, "17 stop strings; the limit is 16 .MAX_STOP_STRINGS."),
+                                         (["y" * 129], "129 characters; the limit is 128 .MAX_STOP_CHARS.")])
+def test_stop_string_limits_named(stop, match):
+    with pytest.raises(InvalidRequestError, match=match) as e:
+        SamplingParams(stop=stop)
+    assert e.value.param == "stop"
+    SamplingParams(stop=["x" * 128] * 16)  # at the limits

@@ -106,4 +106,5 @@ def headline(rows: list[tuple[str, dict]]) -> str:
                      f"{strip(on)} {om['tok_s']:.0f} tok/s)")
     if not parts:
         return "headline: no workload has both a minedraft row and another row to compare"
-    return "headline: minedraft's best over the best other row, same hardware: " + "; ".join(parts)
+    return ("headline: minedraft's best over the best other row, same hardware (above 1x minedraft is faster, "
+            "below 1x slower): " + "; ".join(parts))

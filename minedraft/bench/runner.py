@@ -18,10 +18,9 @@ import time
 
 from tqdm import tqdm
 
-from .baselines import headline, in_process_rows, in_process_runs
+from .baselines import IN_PROCESS_AR, headline, in_process_rows, in_process_runs
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
 from ..cores import available_cores, format_cores, threads_for
-from ..engine.engine import Engine
 from ..sampling_params import SamplingParams
 
 MODES = ("autoregressive", "sequential", "minedraft")
@@ -55,7 +54,7 @@ def _pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
 
 
-async def run_workload(engine: Engine, prompts, params, rate: float | None, seed: int = 0):
+async def run_workload(engine, prompts, params, rate: float | None, seed: int = 0):
     """Submit prompts (all at once, or Poisson arrivals at `rate` req/s) and measure.
 
     Returns (metrics, the output token ids of each prompt, in prompt order)."""
@@ -144,13 +143,25 @@ COLS = [("tok_s", "tok/s", "{:8.1f}"), ("lat_p50", "lat p50 s", "{:9.3f}"), ("la
         ("overlap", "overlap", "{:7.2f}"), ("same", "same", "{:5.2f}")]
 
 
+LEGEND = ("accept: accepted / drafted tokens (- : the row never drafts); tok/step: output tokens per request "
+          "step; ver/step: tokens the verifier scores per step (drafts + one per request); out/ver: output tokens "
+          "per scored token; Td/Tv: draft/verify time per step; overlap: max(Td, Tv) / step time; same: share of "
+          "greedy outputs equal to the target alone's")
+
+
 def format_table(rows: list[tuple[str, dict]]) -> str:
     head = f"{'setting':50s}" + "".join(f"{h:>{len(fmt.format(0))+1}s}" for _, h, fmt in COLS)
     lines = [head, "-" * len(head)]
     for name, m in rows:
-        cells = "".join(" " + (fmt.format(m[k]) if k in m else " " * len(fmt.format(0))) for k, _, fmt in COLS)
-        lines.append(f"{name:50s}{cells}")
-    return "\n".join(lines)
+        never_drafts = name.startswith(("autoregressive", IN_PROCESS_AR))
+
+        def cell(k, fmt):
+            width = len(fmt.format(0))
+            if k == "accept" and never_drafts:
+                return f"{'-':>{width}s}"
+            return fmt.format(m[k]) if k in m else " " * width
+        lines.append(f"{name:50s}" + "".join(" " + cell(k, fmt) for k, _, fmt in COLS))
+    return "\n".join(lines + [LEGEND])
 
 
 async def _bench(args) -> list[tuple[str, dict]]:
@@ -201,6 +212,7 @@ async def _bench(args) -> list[tuple[str, dict]]:
             where = (f" cores={format_cores(cfg.draft_cores)}+{format_cores(cfg.target_cores)}" if split else "")
             want_trace = (bool(args.trace or args.plot) and mode == "minedraft" and not adaptive and not tet
                           and split == splits[-1])
+            from ..engine.engine import Engine  # torch: not at `bench --help`
             async with Engine(cfg, trace=want_trace) as engine:
                 await run_workload(engine, make_prompts(2, 99), params, None)  # warm-up
                 seen: set = set()
@@ -298,8 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=DEFAULT_TARGET, help="target model dir (default: bundled tiny-target)")
     p.add_argument("--draft", default=None, help="draft model dir, or self:int4 / self:bf16 (the target's own "
                    "weights; default: the --model pair's default draft, else the bundled tiny-draft)")
-    p.add_argument("--model", default=None, help="a named pair instead of --target/--draft, e.g. smollm2-135m "
-                   "(`minedraft models list`)")
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help="a named pair instead of --target/--draft, as generate and serve take it: 'tiny' or a "
+                        "pulled one such as smollm2-135m (`minedraft models list`)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="modes to compare (default: all)")
     p.add_argument("--k", type=int, nargs="+", help="draft lengths to sweep, e.g. --k 1 2 3 4 5 6 (default: 4)")
     p.add_argument("--batch", type=int, nargs="+", help="concurrent requests to sweep (default: 16)")

@@ -54,6 +54,16 @@ def _positive_int(s: str) -> int:
     return v
 
 
+def _positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {s}")
+    return v
+
+
 def _cores(s: str) -> list[int]:
     from ..cores import parse_cores
     try:

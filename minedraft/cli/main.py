@@ -20,7 +20,7 @@ import time
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig
 from ..serving.zmq.protocol import DEFAULT_MAX_QUEUED_REPLIES  # one constant for the cli and the server
 from .common import (PROG, _cores, _default, _engine_kw, _fail,
-                     _Formatter, _name_options, _positive_int, _quiet_libraries, _run_async)
+                     _Formatter, _name_options, _positive_float, _positive_int, _quiet_libraries, _run_async)
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and engine")
     g.add_argument("--target", default=DEFAULT_TARGET, metavar="DIR",
@@ -77,8 +77,30 @@ def _lazy(name: str):
     return run
 
 
+def _since_launch() -> float:
+    """Seconds since this process started (imports included), as the user waited; since this module was
+    imported where /proc is missing."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+_IMPORTED = time.perf_counter()
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad option is one line, like the errors the commands raise themselves, not the whole usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, formatter_class=_Formatter,
+    p = _Parser(prog=PROG, formatter_class=_Formatter,
                                 description="Batch-parallel speculative decoding: draft one batch while verifying "
                                             "the other.")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -115,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     # serve ----------------------------------------------------------------------------------------------------
-    v = sub.add_parser("serve", formatter_class=_Formatter, help="serve requests over ZeroMQ (docs/PROTOCOL.md)",
+    v = sub.add_parser("serve", formatter_class=_Formatter,
+                       help="serve requests over ZeroMQ (docs/PROTOCOL.md) and/or HTTP (OpenAI's API, --http)",
                        description="Run the engine behind a ZeroMQ ROUTER socket speaking the msgpack protocol of "
                                    "docs/PROTOCOL.md (clients: minedraft.client.Client, clients/node). Many "
                                    "clients, many concurrent requests each. Prints 'listening on ENDPOINT' to "
@@ -161,6 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--max-queued-replies", type=_positive_int, default=DEFAULT_MAX_QUEUED_REPLIES, metavar="N",
                    help="unread replies the server holds for one client; a client past it is dropped (its "
                         "requests cancelled, its messages ignored for 10 s)")
+    from ..serving.http.guard import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S  # light: no uvicorn, no engine
+    n.add_argument("--http-header-timeout", type=_positive_float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
+                   help="HTTP only: a connection must send a request's complete headers within S seconds of "
+                        "opening (or of its first byte after a keep-alive pause), else 408 and closed")
+    n.add_argument("--http-body-timeout", type=_positive_float, default=DEFAULT_BODY_TIMEOUT_S, metavar="S",
+                   help="HTTP only: a request body must arrive within S seconds of its headers, else 408")
+    n.add_argument("--http-max-connections", type=_positive_int, default=None, metavar="N",
+                   help="HTTP only: open connections; at N a new one closes the oldest idle one, or gets a 503 "
+                        "when all are busy (default: the open-file limit minus 128, at most 4096)")
     _add_model_args(v)
     e = v.add_argument_group("capacity")
     e.add_argument("--max-tokens-limit", type=_positive_int, default=_default("max_tokens_limit"), metavar="N",
@@ -262,18 +294,21 @@ def cmd_generate(a) -> int:
                 deltas = engine.stream_chat(msgs, params)
             else:
                 deltas = engine.stream(prompt, params)
+            first = None
             async for d in deltas:
                 if d.text:
                     sys.stdout.write(d.text)
                     sys.stdout.flush()
+                    if first is None:
+                        first = _since_launch()
                 if d.finished:
                     final = d
             sys.stdout.write("\n")
             sys.stdout.flush()
-            return final, t_start, engine.stats()
+            return final, t_start, first, engine.stats()
 
     try:
-        final, t_start, est = _run_async(run(), not a.no_uvloop)
+        final, t_start, first, est = _run_async(run(), not a.no_uvloop)
     except (ValueError, MinedraftError) as e:
         return _fail(str(e), 1)
     except Exception as e:  # e.g. a model directory that transformers cannot load
@@ -283,10 +318,12 @@ def cmd_generate(a) -> int:
         tps = st.output_tokens / st.latency_s if st.latency_s > 0 else 0.0
         acc = (f"acceptance {100 * st.acceptance_rate:.1f}% ({st.accepted_tokens}/{st.draft_tokens} drafts), "
                f"{st.mean_accepted_length:.2f} tokens/step, " if cfg.speculative else "")
+        extras = "".join(f", {x}" for x, on in (("dynamic", cfg.adaptive_k), ("tetris", cfg.tetris)) if on)
+        shown = f"first text {first:.1f} s after launch, " if first is not None else ""
         print(f"[{PROG}] {st.output_tokens} tokens in {st.latency_s:.2f} s ({tps:.1f} tokens/s), {acc}"
-              f"ttft {1000 * st.ttft_s:.0f} ms, finish {final.finish_reason}; mode {cfg.mode}, "
-              f"k {cfg.k if cfg.speculative else 0}, "
-              f"engine start {t_start:.1f} s", file=sys.stderr)
+              f"{shown}engine start {t_start:.1f} s, ttft once started {1000 * st.ttft_s:.0f} ms, finish "
+              f"{final.finish_reason}; mode {cfg.mode}, k {cfg.k if cfg.speculative else 0}{extras}",
+              file=sys.stderr)
     return 0
 
 

@@ -73,13 +73,16 @@ def _serve_http(a) -> int:
     def ready(lines):
         print("\n".join(lines), flush=True)
 
+    from ..serving.http.guard import ConnectionLimits
+    limits = ConnectionLimits(a.http_header_timeout, a.http_body_timeout,
+                              *(() if a.http_max_connections is None else (a.http_max_connections,)))
     api_key = a.api_key if a.api_key is not None else os.environ.get("MINEDRAFT_API_KEY") or None
     try:
         # a named pair (--model, where the CLI has it) is also the id clients send
         model_name = a.model_name or getattr(a, "model", None)
         _run_async(serve_http(cfg, a.http, zmq_bind=a.bind, api_key=api_key, model_name=model_name,
                               allow_remote=a.allow_remote, ready=ready, max_body_bytes=a.max_message_bytes,
-                              log_level="warning" if a.log_level == "info" else a.log_level,
+                              log_level="warning" if a.log_level == "info" else a.log_level, limits=limits,
                               curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
                               curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
                               max_inflight_per_client=a.max_inflight_per_client), not a.no_uvloop)

@@ -40,11 +40,21 @@ def _content(i: int, m: dict) -> str:
                               "messages")
 
 
-def normalize_messages(messages) -> list[dict]:
-    """Check OpenAI-style messages and return plain [{"role", "content": str}] dicts."""
+# keys an OpenAI client echoes back on an assistant message (model_dump of a reply), harmless at these values;
+# any other key (name, tool_call_id, ...) asks for something the template does not do and is refused
+_HARMLESS_KEYS = {"refusal": (None,), "tool_calls": (None, []), "function_call": (None,), "audio": (None,),
+                  "annotations": (None, [])}
+
+
+def normalize_messages(messages, max_messages: int | None = None) -> list[dict]:
+    """Check OpenAI-style messages and return plain [{"role", "content": str}] dicts. max_messages is checked
+    first, so an over-long list costs one len()."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise InvalidRequestError("messages must be a non-empty list of {\"role\": ..., \"content\": ...} objects",
                                   "messages")
+    if max_messages is not None and len(messages) > max_messages:
+        raise InvalidRequestError(f"{len(messages)} messages; the limit is {max_messages} (max_prompt_tokens: each "
+                                  "message takes at least one token)", "messages")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -53,15 +63,28 @@ def normalize_messages(messages) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise InvalidRequestError(f"messages[{i}].role must be one of {ROLES}, got {role!r:.40}", "messages")
+        for key in m:
+            if key not in ("role", "content") and not (key in _HARMLESS_KEYS and m[key] in _HARMLESS_KEYS[key]):
+                raise InvalidRequestError(f"messages[{i}]: unrecognized or unsupported key {key!r:.40}; a message "
+                                          "has role and content", "messages")
         out.append({"role": role, "content": check_text(_content(i, m), f"messages[{i}].content", "messages")})
     return out
 
 
-def chat_prompt_ids(tokenizer, messages, max_chars: int | None = None) -> list[int]:
-    """Render messages with the tokenizer's chat template (add_generation_prompt=True) and tokenize."""
-    msgs = normalize_messages(messages)
+def chat_prompt_ids(tokenizer, messages, max_prompt_tokens: int | None = None) -> list[int]:
+    """Render messages with the tokenizer's chat template (add_generation_prompt=True) and tokenize.
+
+    With max_prompt_tokens, everything that can be checked before the template runs is: the number of
+    messages, their characters, then the rendered text's length (PROMPT_CHARS_PER_TOKEN per token, the bound
+    a plain prompt string has), so a request that will be refused costs no more than the longest one that is
+    not (rendering 12,000 messages and tokenizing 264k tokens to refuse them at 768 cost 0.15 s of event loop
+    and 8-10 MB of memory never returned, issue 35)."""
+    from ..config import PROMPT_CHARS_PER_TOKEN
+    max_chars = None if max_prompt_tokens is None else PROMPT_CHARS_PER_TOKEN * max_prompt_tokens
+    msgs = normalize_messages(messages, max_prompt_tokens)
     if max_chars is not None and sum(len(m["content"]) for m in msgs) > max_chars:
-        raise InvalidRequestError(f"messages hold more than {max_chars} characters; too long for this engine",
+        raise InvalidRequestError(f"messages hold more than {max_chars} characters; the limit is "
+                                  f"{PROMPT_CHARS_PER_TOKEN} per token of max_prompt_tokens={max_prompt_tokens}",
                                   "messages")
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("the target model's tokenizer has no chat template, so chat is unavailable; "
@@ -70,6 +93,10 @@ def chat_prompt_ids(tokenizer, messages, max_chars: int | None = None) -> list[i
         text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     except Exception as e:  # a template may raise on content it does not accept (jinja raise_exception)
         raise InvalidRequestError(f"the chat template rejected these messages: {e}", "messages") from None
+    if max_chars is not None and len(text) > max_chars:
+        raise InvalidRequestError(f"the messages render to {len(text)} characters through the chat template; the "
+                                  f"limit is {max_chars} ({PROMPT_CHARS_PER_TOKEN} per token of "
+                                  f"max_prompt_tokens={max_prompt_tokens})", "messages")
     # The template writes any special tokens (bos, role markers) itself: add none on top.
     return tokenizer.encode(text, add_special_tokens=False)
 

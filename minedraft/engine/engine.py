@@ -22,8 +22,8 @@ import zmq
 import zmq.asyncio
 from msgspec.structs import replace
 
-from .scheduler import AsyncScheduler
-from ..config import PROMPT_CHARS_PER_TOKEN, EngineConfig
+from .scheduler import UNGUARDED_MAIN_EXIT, AsyncScheduler
+from ..config import EngineConfig
 from ..cores import resolve as resolve_cores
 from ..errors import EngineDeadError
 from ..ipc.messages import Addresses, WorkerSpec
@@ -81,6 +81,11 @@ def _start_without_sigint(procs) -> None:
 
 class Engine:
     def __init__(self, config: EngineConfig | None = None, *, trace: bool = False, fault=None, **overrides):
+        if getattr(mp.current_process(), "_inheriting", False):
+            # a worker being spawned is re-running its parent's script, which builds an Engine at import time
+            # (no __main__ guard): leave quietly with a code the parent turns into one sentence, instead of
+            # multiprocessing's page of tracebacks from every worker
+            os._exit(UNGUARDED_MAIN_EXIT)
         self.config = config or EngineConfig(**overrides)
         self._trace, self._fault = trace, fault
         self.scheduler: AsyncScheduler | None = None
@@ -212,14 +217,15 @@ class Engine:
         destroy_shm(self._shm + self._feat_shm)
         self._shm, self._feat_shm = [], []
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, reason: str = "engine shut down") -> None:
+        """Fail every pending request with EngineDeadError(reason), at once, then stop the workers."""
         if self._closed:
             return
         self._closed = True
         if self._watch:
             self._watch.cancel()
         if self.scheduler:
-            self.scheduler.fail(EngineDeadError("engine shut down"))
+            self.scheduler.fail(EngineDeadError(reason))
             self.scheduler.send_stop()
         # workers still loading models do not read the stop command yet: no point waiting for them
         grace = STOP_GRACE_S if self._ready and all(p.exitcode is None for p in self.procs) else 0.0
@@ -281,8 +287,7 @@ class Engine:
             raise EngineDeadError("engine not started")
         if not hasattr(self, "_eot"):  # read from the template once, on the first chat
             self._eot = end_of_turn_id(self.tokenizer)
-        ids = chat_prompt_ids(self.tokenizer, messages,
-                              max_chars=PROMPT_CHARS_PER_TOKEN * self.config.max_prompt_tokens)
+        ids = chat_prompt_ids(self.tokenizer, messages, max_prompt_tokens=self.config.max_prompt_tokens)
         return ids, chat_params(params, self._eot)
 
     async def chat(self, messages, params: SamplingParams | dict | None = None,

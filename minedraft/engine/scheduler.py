@@ -52,6 +52,10 @@ class EngineStats:
     trace: list[TraceEvent] = field(default_factory=list)
 
 
+# a worker that finds itself re-running its parent's unguarded script (Engine() while being spawned) exits with it
+UNGUARDED_MAIN_EXIT = 87
+
+
 class AsyncScheduler:
     def __init__(self, config: EngineConfig, tokenizer, vocab_size: int, ctx: zmq.asyncio.Context, addr: M.Addresses,
                  trace: bool = False):
@@ -96,6 +100,11 @@ class AsyncScheduler:
         deadline = time.monotonic() + timeout
         while ready != {"drafter", "verifier"}:
             for p in procs:
+                if p.exitcode == UNGUARDED_MAIN_EXIT:
+                    raise EngineDeadError(
+                        "the script that starts the Engine has no `if __name__ == \"__main__\":` guard: worker "
+                        "processes are spawned and re-run it as they start; put the code that starts the Engine "
+                        "under that guard")
                 if p.exitcode is not None:
                     raise EngineDeadError(f"worker {p.name} exited during start-up (code {p.exitcode})")
             if time.monotonic() > deadline:

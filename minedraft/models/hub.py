@@ -56,7 +56,7 @@ def cache_root() -> Path:
 def pair_dirs(name: str, root: str | os.PathLike | None = None) -> tuple[Path, Path]:
     """(target dir, draft dir) of a pullable pair, pulled or not."""
     if name not in PULLABLE:
-        raise PullError(f"unknown model {name!r}; known: {', '.join(sorted(PULLABLE))}")
+        raise PullError(f"unknown model {name!r}; known: {', '.join(sorted({*BUNDLED, *PULLABLE}))}")
     root = Path(root) if root else cache_root()
     return root / name, root / f"{name}-draft"
 

@@ -45,7 +45,7 @@ def test_bench_tiny_run(tiny_pair, tmp_path, capsys):
     assert {(1, "draft", 0), (1, "draft", 1), (2, "verify", 0), (2, "verify", 1)} <= work
     assert plot.stat().st_size > 10_000
     table = bench.format_table(rows)
-    assert "overlap" in table and len(table.splitlines()) == len(rows) + 2
+    assert "overlap" in table and len(table.splitlines()) == len(rows) + 3  # header, rule, rows, legend
     lines = bench.ratios(rows)
     assert any("x sequential SD at the same k" in line for line in lines)
     assert any("best fixed-k minedraft" in line for line in lines)
@@ -113,3 +113,18 @@ def test_headline_is_the_last_line_printed(monkeypatch, capsys):
 def test_bad_split_is_one_line_error(capsys):
     assert bench.main(["--split", str(len(available_cores()))]) == 2
     assert "--split" in capsys.readouterr().out
+
+
+def test_table_shows_a_dash_for_rows_that_never_draft_and_a_legend():
+    from minedraft.bench.runner import format_table
+    m = {"tok_s": 1.0, "accept": 0.0, "mean_len": 1.0}
+    lines = format_table([("autoregressive B=4", m), ("sequential k=2 B=4", m)]).splitlines()
+    assert lines[2].split()[3] == "-" and lines[3].split()[4] == "0.00"
+    assert lines[-1].startswith("accept: accepted / drafted tokens") and "ver/step" in lines[-1]
+
+
+def test_bench_takes_model_like_generate(capsys):
+    from minedraft.bench.runner import main
+    assert main(["--model", "nosuch"]) == 2
+    out = capsys.readouterr().out
+    assert "unknown model 'nosuch'; known: " in out and "tiny" in out

@@ -146,3 +146,10 @@ def test_python_dash_m_runs_the_cli():
     import sys
     r = subprocess.run([sys.executable, "-m", "minedraft", "--version"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("minedraft"), (r.stdout, r.stderr)
+
+
+def test_a_bad_option_is_one_line(capsys):
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["generate", "hi", "--max-tokens", "0"])
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and err.count("\n") == 1 and "--max-tokens: must be >= 1" in err

@@ -86,3 +86,85 @@ def test_cli_serves_http_and_zeromq_together():
         p.send_signal(signal.SIGTERM)
         rc = p.wait(30)
     assert rc == 0, p.stderr.read()
+
+
+def _children(pid: int) -> list[int]:
+    import os
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_sigterm_ends_every_stream_and_answers_plain_requests_503():
+    """SIGTERM with streams and plain requests in flight: every stream ends with a final event (an error object
+    here) and [DONE], every plain request gets the JSON 503 engine_dead a worker death gives, and the process
+    and its workers are gone within 5 s (uvicorn used to cut the streams and answer a plain-text 500, issue 35)."""
+    import json
+    import os
+    import threading
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "minedraft", "serve", "--http", "127.0.0.1:0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = p.stdout.readline().split()[-1]
+        workers = _children(p.pid)
+        body = {"prompt": PROMPT, "max_tokens": 500, "ignore_eos": True, "temperature": 0}
+        streams: list[list[str]] = [[] for _ in range(4)]
+        plain: list = [None, None]
+        started = threading.Semaphore(0)
+
+        def stream(i):
+            with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+                first = True
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        streams[i].append(line[6:])
+                        if first:
+                            started.release()
+                            first = False
+
+        def post(i):
+            chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 500, "ignore_eos": True}
+            plain[i] = httpx.post(url + ("/v1/completions", "/v1/chat/completions")[i], json=(body, chat)[i],
+                                  timeout=60)
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+        threads += [threading.Thread(target=post, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for _ in range(4):
+            assert started.acquire(timeout=60)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(10)
+        took = time.monotonic() - t0
+        for t in threads:
+            t.join(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert rc == 0 and took < 5, (rc, took, p.stderr.read())
+    for s in streams:
+        assert s[-1] == "[DONE]", s[-3:]
+        last = json.loads(s[-2])
+        assert last.get("error", {}).get("code") == "engine_dead" or last["choices"][0]["finish_reason"], last
+    for r in plain:
+        assert r.status_code == 503 and r.json()["error"]["code"] == "engine_dead", (r.status_code, r.text)
+    time.sleep(0.2)
+    left = [w for w in workers if os.path.exists(f"/proc/{w}") and _state(w) != "Z"]  # zombies: nobody reaps
+    assert not left, f"{left} outlived the server"

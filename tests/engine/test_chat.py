@@ -49,9 +49,35 @@ def test_tokenizer_without_template_refused(tok):
         chat_prompt_ids(bare, [{"role": "user", "content": "hi"}])
 
 
-def test_overlong_messages_refused_before_rendering(tok):
+def test_overlong_messages_refused_before_rendering(tok, monkeypatch):
+    rendered = []
+    real = type(tok).apply_chat_template
+    monkeypatch.setattr(type(tok), "apply_chat_template",
+                        lambda self, *a, **k: rendered.append(1) or real(self, *a, **k))
     with pytest.raises(InvalidRequestError, match="characters"):
-        chat_prompt_ids(tok, [{"role": "user", "content": "x" * 101}], max_chars=100)
+        chat_prompt_ids(tok, [{"role": "user", "content": "x" * 1601}], max_prompt_tokens=100)
+    # the attack of issue 35: many one-character messages, whose content alone is short, refused by their count
+    with pytest.raises(InvalidRequestError, match="12000 messages; the limit is 100 .max_prompt_tokens"):
+        chat_prompt_ids(tok, [{"role": "user", "content": "x"}] * 12_000, max_prompt_tokens=100)
+    assert not rendered, "refused only after running the chat template"
+    # under both limits, but the rendered text is over 16 characters a token: refused before tokenizing
+    encoded = []
+    monkeypatch.setattr(type(tok), "encode", lambda self, *a, **k: encoded.append(1))
+    with pytest.raises(InvalidRequestError, match="render to .* characters"):
+        chat_prompt_ids(tok, [{"role": "user", "content": "x"}] * 100, max_prompt_tokens=100)
+    assert not encoded
+
+
+@pytest.mark.parametrize("extra, ok", [({"name": "bob"}, False), ({"tool_call_id": "x"}, False),
+                                       ({"contents": "typo"}, False), ({"refusal": None}, True),
+                                       ({"tool_calls": []}, True), ({"refusal": "no"}, False)])
+def test_unknown_message_keys_refused(tok, extra, ok):
+    msgs = [{"role": "user", "content": "hi", **extra}]
+    if ok:
+        assert normalize_messages(msgs) == [{"role": "user", "content": "hi"}]
+    else:
+        with pytest.raises(InvalidRequestError, match="unrecognized or unsupported key"):
+            normalize_messages(msgs)
 
 
 def test_end_of_turn_token_read_from_the_template(tok):

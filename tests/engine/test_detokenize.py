@@ -125,3 +125,52 @@ def test_overlapping_stop_strings_do_not_depend_on_chunking(tiny_tokenizer):
     results = {"".join(stream(tok, ids, chunks, stop=["bc", "abcd"])[0])
                for chunks in ([1] * len(ids), [len(ids)], [2, 5])}
     assert results == {"xa"}
+
+
+def first_stop_cut(text: str, stops) -> int | None:
+    """Reference: where text is cut for the stop string that completes first (the longest of those that end
+    there), or None."""
+    ends = [(text.find(s) + len(s), -len(s)) for s in stops if s in text]
+    return min(ends)[0] + min(ends)[1] if ends else None
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet="ab c東", min_size=1, max_size=24),
+       stops=st.lists(st.text(alphabet="ab c東", min_size=1, max_size=5), min_size=1, max_size=6),
+       data=st.data())
+def test_many_stop_strings_any_chunking_match_a_naive_search(tiny_tokenizer, text, stops, data):
+    tok = tiny_tokenizer
+    ids = tok.encode(text)
+    chunks = data.draw(st.lists(st.integers(0, 4), max_size=len(ids)))
+    deltas, det = stream(tok, ids, chunks, stop=stops)
+    cut = first_stop_cut(text, stops)
+    assert det.stopped == (cut is not None)
+    assert "".join(deltas) == det.text == (text if cut is None else text[:cut])
+    if cut is not None:  # token_ids end with the token that completed the stop string, whatever the chunking
+        n = next(n for n in range(1, len(ids) + 1) if first_stop_cut(tok.decode(ids[:n]), stops) is not None)
+        assert det.ids == ids[:n]
+
+
+def test_stop_matching_cost_per_push_does_not_grow_with_the_number_of_stop_strings(tiny_tokenizer, monkeypatch):
+    """Each push reads only the held-back tail and the new text, once, whatever the number of stop strings (the
+    check that was stops x length per push froze the server's event loop, issue 35)."""
+    from minedraft.engine import detokenize
+    steps = [0]
+    step = detokenize.StopMatcher.step
+
+    def counted(self, state, ch):
+        steps[0] += 1
+        return step(self, state, ch)
+    monkeypatch.setattr(detokenize.StopMatcher, "step", counted)
+    tok = tiny_tokenizer
+    ids = tok.encode("The class statement defines a class. " * 8)
+    for n_stops in (1, 16):
+        stops = tuple(f"{i:02d}" + "x" * 126 for i in range(n_stops - 1)) + ("The class statement" + "y" * 100,)
+        det = IncrementalDetokenizer(tok, stops)
+        worst = 0
+        for i in range(0, len(ids), 3):
+            steps[0] = 0
+            held = len(tok.decode(ids[:i])) - len(det.text)
+            det.push(ids[i:i + 3])
+            worst = max(worst, steps[0] - held - len(tok.decode(ids[i:i + 3])))
+        assert worst <= 2, n_stops  # a token's text may decode a character or two differently at a boundary

@@ -498,3 +498,21 @@ async def test_short_soak_mixed_load_leaves_cache_empty(tiny_pair, tiny_tokenize
     assert stats["running"] == 0 and stats["waiting"] == 0 and stats["failed"] == 0
     assert healthy
     assert wall < 40, f"soak took {wall:.1f} s"
+
+
+def test_a_script_without_the_main_guard_is_named_in_one_sentence(tmp_path):
+    """An embedded-API script that starts an Engine at import time: every spawned worker re-runs it. It used to
+    end in 159 lines of multiprocessing tracebacks and 'worker exited during start-up (code 1)' (issue 35)."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "unguarded.py"
+    script.write_text("import asyncio\nfrom minedraft import Engine\n\n\nasync def main():\n"
+                      "    async with Engine() as e:\n        await e.generate('The while', {'max_tokens': 2})\n\n\n"
+                      "asyncio.run(main())\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": root})
+    assert r.returncode != 0
+    assert 'has no `if __name__ == "__main__":` guard' in r.stderr.splitlines()[-1]
+    assert "bootstrapping phase" not in r.stderr and len(r.stderr.splitlines()) < 40

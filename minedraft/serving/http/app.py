@@ -72,7 +72,12 @@ async def _until_disconnect(request: Request, aw):
     await asyncio.wait({task})  # a cancelled task ends once it has run its cancellation (the abort)
     if task.cancelled():
         raise oa.APIError(499, "client disconnected")  # nobody reads it; ends the handler
-    return task.result()
+    try:
+        return task.result()
+    finally:
+        # a failed task holds its exception, whose traceback holds this frame, which holds the task: a cycle
+        # only a full gc frees, which kept every refused request's body (MBs of messages) alive (issue 35)
+        del task
 
 
 def _internal_error(exc: BaseException) -> JSONResponse:
@@ -115,7 +120,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             raise oa.APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'",
                               "invalid_request_error", "invalid_api_key")
 
-    async def read_json(request: Request):
+    async def read_json(request: Request, max_messages: int | None = None):
         n = request.headers.get("content-length")
         if n is not None and n.isdigit() and int(n) > max_body_bytes:
             raise oa.APIError(413, f"request body is {n} bytes; the limit is {max_body_bytes}",
@@ -126,8 +131,12 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             if len(body) > max_body_bytes:
                 raise oa.APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes",
                                   code="request_too_large")
+        if max_messages is not None and (n := oa.too_many_messages(body, max_messages)) is not None:
+            # the engine's own limit (engine/chat.py), checked before the messages are built
+            raise oa.invalid(f"{n} messages; the limit is {max_messages} (max_prompt_tokens: each message takes "
+                             "at least one token)", "messages")
         try:
-            obj = json.loads(body)
+            obj = oa.decode_json(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise oa.invalid(f"the request body is not valid JSON: {e}") from None
         except RecursionError:
@@ -142,7 +151,8 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
 
     async def chat(request: Request):
         check_key(request)
-        req = oa.parse_chat(await read_json(request), served, engine.config.max_tokens_limit)
+        body = await read_json(request, max_messages=engine.config.max_prompt_tokens)
+        req = oa.parse_chat(body, served, engine.config.max_tokens_limit)
         return await _answer(request, req, oa.new_id("chatcmpl"), chat=True)
 
     async def _answer(request: Request, req: oa.ParsedRequest, rid: str, chat: bool):
@@ -264,7 +274,8 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
 
 
 class _CountStatus:
-    """ASGI wrapper counting responses by route and status for minedraft_http_requests_total."""
+    """ASGI wrapper counting responses by route and status for minedraft_http_requests_total; it also refuses
+    a request framed two ways before any route sees it."""
 
     def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -283,4 +294,10 @@ class _CountStatus:
             if msg["type"] == "http.response.start":
                 self.metrics.http.labels(route, str(msg["status"])).inc()
             await send(msg)
+        names = {k for k, _ in scope["headers"]}
+        if b"transfer-encoding" in names and b"content-length" in names:
+            # RFC 9112 6.3: ambiguous framing (a request-smuggling vector); refuse it and close the connection
+            err = oa.invalid("the request has both Transfer-Encoding and Content-Length; send one")
+            return await JSONResponse(err.body(), status_code=400, headers={"connection": "close"})(
+                scope, receive, counting_send)
         await self.app(scope, receive, counting_send)

@@ -65,16 +65,19 @@ def url_of(sock: socket.socket) -> str:
 class HTTPServer:
     """uvicorn serving `app` on a pre-bound socket, started and stopped on the running loop."""
 
-    def __init__(self, app, sock: socket.socket, log_level: str = "warning"):
+    def __init__(self, app, sock: socket.socket, log_level: str = "warning", limits=None):
         import uvicorn
+
+        from .guard import ConnectionLimits, protocol_class
 
         class _Server(uvicorn.Server):
             def capture_signals(self):  # the caller's loop owns SIGINT/SIGTERM (engine shutdown comes first)
                 return contextlib.nullcontext()
 
         self.sock = sock
+        self.limits = limits if limits is not None else ConnectionLimits()
         self.server = _Server(uvicorn.Config(app, lifespan="off", log_level=log_level, access_log=False,
-                                             timeout_graceful_shutdown=2))
+                                             timeout_graceful_shutdown=2, http=protocol_class(self.limits)))
         self.task: asyncio.Task | None = None
 
     @property
@@ -100,9 +103,11 @@ class HTTPServer:
 
 async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, api_key: str | None = None,
                      model_name: str | None = None, allow_remote: bool = False, ready=None,
-                     max_body_bytes: int | None = None, log_level: str = "warning", **zmq_kw) -> None:
+                     max_body_bytes: int | None = None, log_level: str = "warning", limits=None,
+                     **zmq_kw) -> None:
     """Start an Engine, the HTTP server on `http` and (with zmq_bind) the ZeroMQ server, until SIGINT/SIGTERM.
-    `ready(lines)` gets one 'listening on ...' line per server once both serve."""
+    `ready(lines)` gets one 'listening on ...' line per server once both serve; `limits` (guard.ConnectionLimits)
+    sets the header and body deadlines and the connection cap."""
     from ...engine.engine import Engine
     from ..zmq.server import Server, check_bind
     from .app import create_app
@@ -126,7 +131,7 @@ async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, a
         async with Engine(engine_config) as engine:
             app = create_app(engine, model_name=model_name, api_key=api_key,
                              max_body_bytes=max_body_bytes)
-            hserver = HTTPServer(app, sock, log_level)
+            hserver = HTTPServer(app, sock, log_level, limits)
             await hserver.start()
             lines = [f"listening on {hserver.url}"]
             if zserver is not None:
@@ -138,6 +143,11 @@ async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, a
                 ready(lines)
             await stop.wait()
             log.info("shutting down")
+            # The engine first: it fails every pending request at once, so each handler still running writes its
+            # ending (a stream: an error event and [DONE]; a plain request: a 503 engine_dead) while the
+            # workers stop; new requests get the same 503. Only then uvicorn, whose graceful shutdown cancels
+            # the handlers still running after its timeout (it used to cut every stream mid-way, issue 35).
+            await engine.shutdown("server shutting down")
             await hserver.stop()
     finally:
         if hserver is not None:

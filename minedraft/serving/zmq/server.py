@@ -38,6 +38,7 @@ DEFAULT_MAX_QUEUED_REPLIES = P.DEFAULT_MAX_QUEUED_REPLIES
 MONITOR_POLL_MS = 1000  # the monitor is also read before every message; this only bounds an idle wait
 HEARTBEAT_IVL_MS = 5000
 HEARTBEAT_TIMEOUT_MS = 30000
+HANDSHAKE_IVL_MS = 10000  # a connection that has not completed the ZeroMQ handshake by then is closed (libzmq: 30 s)
 
 
 # -- the server -------------------------------------------------------------------------------------------------
@@ -129,6 +130,7 @@ class Server:
             s.setsockopt(zmq.MAXMSGSIZE, self.hard_limit)
             s.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
             s.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+            s.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
             if self.bind_endpoint.startswith("tcp://["):
                 s.setsockopt(zmq.IPV6, 1)
             if self._secret is not None:

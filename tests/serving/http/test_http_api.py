@@ -241,6 +241,8 @@ def _error(r, status, type_=None):
     ({"prompt": PROMPT, "stream": True, "stream_options": {"include_usage": "yes"}}, "include_usage"),
     ({"prompt": PROMPT, "top_k": -2}, "top_k"),
     ({"prompt": PROMPT, "stop_token_ids": "x"}, "stop_token_ids"),
+    ({"prompt": PROMPT, "stop": ["never"] * 17}, "stop"),           # MAX_STOP_STRINGS (issue 35)
+    ({"prompt": PROMPT, "stop": ["y" * 129]}, "stop"),              # MAX_STOP_CHARS
     (b'{"prompt": "a\\ud800b"}', None),                # a lone surrogate: not text any tokenizer takes
     (b'{"model": "\\ud800", "prompt": "a"}', None),
     (b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", None),  # nested past json's recursion limit
@@ -249,6 +251,45 @@ def test_completion_bad_requests_400(srv, body, param):
     err = _error(_post(srv.url + "/v1/completions", body), 400, "invalid_request_error")
     if param:
         assert err["param"] == param
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}] * 1000, "max_tokens": 4}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}] * 1000, "stream": True}),
+    ("/v1/completions", {"prompt": "x" * 20000, "max_tokens": 4})])
+def test_a_refused_request_leaves_no_reference_cycle(srv, path, body):
+    """A refused request's objects (its parsed body: MBs for 12,000 messages) are freed when it ends, not by a
+    later full gc: a cycle through the failed task kept them, and server RSS grew 717 -> 2,337 MB over ~230
+    refused chats (issue 35)."""
+    import gc
+
+    from minedraft.serving.http import openai_api as oa
+    gc.collect()
+    gc.disable()
+    try:
+        _error(_post(srv.url + path, body), 400)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        kept = [type(o).__name__ for o in gc.garbage if isinstance(o, (BaseException, oa.ParsedRequest))]
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+        gc.enable()
+    assert not kept
+
+
+def test_transfer_encoding_with_content_length_refused_at_once(srv):
+    import socket
+    host, port = srv.url.rsplit("/", 1)[-1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"transfer-encoding: chunked\r\ncontent-length: 20\r\n\r\n" + b'{"prompt": "abcdefg"}')
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.split()[1] == b"400" and b"connection: close" in head.lower()
+    assert "Transfer-Encoding and Content-Length" in json.loads(body)["error"]["message"]
 
 
 def test_chat_max_completion_tokens(srv, client, model):
@@ -262,7 +303,9 @@ def test_chat_max_completion_tokens(srv, client, model):
 @pytest.mark.parametrize("messages", [None, [], "hi", [{"role": "wizard", "content": "x"}], [{"role": "user"}],
                                       [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}],
                                       [{"role": "user", "content": "a\ud800"}],
-                                      [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]])
+                                      [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}],
+                                      [{"role": "user", "content": "hi", "name": "bob"}],  # unknown keys
+                                      [{"role": "user", "content": "x"}] * 1000])  # > max_prompt_tokens messages
 def test_chat_bad_messages_400(srv, messages):
     """(also: content with a lone surrogate)"""
     body = {"max_tokens": 4} if messages is None else {"messages": messages, "max_tokens": 4}

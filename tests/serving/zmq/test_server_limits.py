@@ -217,3 +217,39 @@ async def test_stop_rule_over_the_wire_matches_the_engine(engine, tiny_tokenizer
     assert "".join(d.text for d in streamed) == by_id.text
     assert by_str.token_ids == ref[:m] and by_str.finish_reason == "stop"
     assert by_str.text == text[:text.index(stop)]
+
+
+@amod
+async def test_stop_string_limits_over_the_wire(engine):
+    """Hundreds of stop strings in one message (1,100 pushed other clients to 8.7-10.5 s, issue 35) are refused with an
+    error naming the limit, before the request reaches the engine."""
+    async with Server(engine, "tcp://127.0.0.1:*") as s:
+        raw = Raw(s.endpoint)
+        try:
+            await raw.send(_req(prompt="The class statement",
+                                params={"max_tokens": 8, "stop": [f"{i:04d}" + "q" * 91 for i in range(200)]}))
+            m = await raw.recv()
+        finally:
+            raw.close()
+    assert m["t"] == "error" and m["code"] == P.INVALID_REQUEST and "MAX_STOP_STRINGS" in m["message"], m
+    assert engine.stats()["running"] == 0
+
+
+def test_zmq_handshake_deadline_closes_silent_connections(monkeypatch):
+    """A TCP connection that never completes ZeroMQ's handshake is closed after HANDSHAKE_IVL_MS (libzmq's own
+    default is 30 s): the ZeroMQ side's header deadline."""
+    import socket
+    assert server_mod.HANDSHAKE_IVL_MS <= 10_000
+    monkeypatch.setattr(server_mod, "HANDSHAKE_IVL_MS", 300)  # the option's effect, measured in test time
+    s = Server(None, "tcp://127.0.0.1:*", max_message_bytes=1 << 20)
+    try:
+        s.bind()
+        host, port = s.endpoint.rsplit("/", 1)[-1].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as c:
+            c.settimeout(5)
+            t0 = time.monotonic()
+            while c.recv(4096):  # libzmq sends its greeting, then closes at the deadline
+                pass
+            assert time.monotonic() - t0 < 4
+    finally:
+        s._term()
