@@ -142,32 +142,31 @@ def test_own_text_wins_over_global_only_on_score():
     assert p.source == "self" and p.tokens[:2] == [5, 6]
 
 
-def _flood(ix, n, rng, length=800):
+def _flood(ix, n, rng, length=400):
     for i in range(n):
         ix.add(i, [rng.randrange(49152) for _ in range(length)])
-        ix.extend(i, [rng.randrange(49152) for _ in range(100)])
+        ix.extend(i, [rng.randrange(49152) for _ in range(50)])
         ix.remove(i)
 
 
 def test_memory_bound_under_a_flood_of_long_prompts():
     """Long random prompts (every window new: the index's worst case) flood the global index: the tokens it holds
-    stay within the budget, old texts are evicted, and the memory it holds stops growing once full."""
-    budget = 8000
+    stay within the budget, old texts are evicted, and the memory it holds levels off once full (the dicts keep
+    the table size their deletions left, then reuse it)."""
+    budget = 4000
     ix = SuffixIndex(SuffixConfig(global_tokens=budget, global_prompts=True))
     rng = random.Random(0)
     tracemalloc.start()
     try:
-        _flood(ix, 10, rng)             # 9k tokens offered: just past the budget
+        _flood(ix, 20, rng)             # 9k tokens offered: twice the budget
         full = tracemalloc.get_traced_memory()[0]
-        _flood(ix, 30, rng)             # three times more
+        _flood(ix, 40, rng)             # 18k more
         later = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    assert ix.global_held <= budget and ix.evicted_texts >= 30
+    assert ix.global_held <= budget and ix.evicted_texts >= 50
     assert len(ix.glob.toks) <= budget + len(ix.texts)  # separators only beyond the budget
     assert sum(len(v) if isinstance(v, list) else 1 for v in ix.glob.index[8].values()) <= budget
-    assert later < 1.3 * full, (full, later)
-    per_token = later / budget
-    assert per_token < 2000, per_token  # bytes per held token, all four window lengths included
-    # the evicted texts are really gone: a window from the first text no longer matches
+    assert later < 1.05 * full, (full, later)
+    assert later / budget < 1000, later / budget  # bytes per held token, all four window lengths included
     assert not ix.rows and ix.glob.base > 0
