@@ -11,18 +11,24 @@ A text is stored once as a flat array of token ids; the index maps each window o
 `_KEYS`) to the positions where it ends. The lookup takes the longest key length whose window of the row's recent
 tokens occurs, extends each occurrence backwards to its full match length (up to `max_depth`), keeps the
 occurrences of the longest match (the deepest node of a suffix tree of depth `max_depth`) and walks forward from
-them: at each position the most frequent next token is proposed, its probability estimated as its share of the
-occurrences still following, multiplied along the draft. The knobs:
+them: at each position the most frequent next token is proposed. Its probability is estimated as its share of
+the occurrences still following times m / (m + `match_prior`), m the match length it extends (the match so far
+plus the draft before it: one earlier occurrence of a long stretch is good evidence, of one token weak evidence;
+on the target's answers to the grounded dev prompts a token extending a 1-token match was right 28% of the time,
+2: 56%, 4: 75%, 8: 87%, 32: 98%), multiplied along the draft. The knobs:
 
 * `max_depth`: matches longer than this count as equally strong (and cost no more to find);
 * `spec_factor`, `spec_offset`: a row drafts at most floor(spec_factor x match length + spec_offset) tokens (and
   at most the engine's per-row budget k), so a one-token match proposes one token and a long one up to k;
 * `min_prob`: the draft stops before a token whose estimated probability (the product along the draft) is below
   it, so a continuation that the occurrences disagree on is not sent to the verifier;
+* `match_prior`: see above (0: the occurrences' shares alone, as a suffix tree's counts give them);
 * `max_candidates`: only the most recent occurrences of a short window are examined (bounds the work per row).
 
 A proposal's score is the sum of those probabilities, the expected number of its tokens the target accepts if the
 estimates hold; the two indexes' proposals are compared on it, and the hybrid drafter compares it to a threshold.
+Defaults: chosen with scripts/suffix_sim.py on the grounded dev split (SmolLM2-135M's greedy answers), where they
+gave 2.31 tokens per verify step for 2.2 draft tokens at k = 8 (a naive longest match of up to 8: 2.68 for 6.7).
 Pure Python, no torch, no I/O: the drafter process calls it once per step for all its rows (`propose`).
 """
 
@@ -40,10 +46,11 @@ _SEP = -1              # stands between texts in the global array: never matches
 @dataclass(frozen=True)
 class SuffixConfig:
     max_depth: int = 32
-    spec_factor: float = 1.0
+    spec_factor: float = 2.0
     spec_offset: float = 0.0
-    min_prob: float = 0.1
+    min_prob: float = 0.3
     max_candidates: int = 64
+    match_prior: float = 1.5        # a token that makes the match m long counts as right with m / (m + this)
     global_tokens: int = 65536      # budget of the global index (tokens held; oldest texts evicted first)
     global_prompts: bool = False    # also put finished requests' prompts in the global index
 
@@ -54,6 +61,8 @@ class SuffixConfig:
             raise ValueError("spec_factor must be > 0 and spec_offset >= 0")
         if not 0 <= self.min_prob <= 1:
             raise ValueError(f"min_prob must be in [0, 1], got {self.min_prob!r}")
+        if not self.match_prior >= 0:
+            raise ValueError(f"match_prior must be >= 0, got {self.match_prior!r}")
         if not (isinstance(self.max_candidates, int) and self.max_candidates >= 1):
             raise ValueError(f"max_candidates must be an int >= 1, got {self.max_candidates!r}")
         if not (isinstance(self.global_tokens, int) and self.global_tokens >= 0):
@@ -161,8 +170,10 @@ class _Store:
                 return best, out
         return 0, []
 
-    def walk(self, cands: list[int], limit: int, min_prob: float, end: int) -> tuple[list[int], list[float]]:
-        """The most frequent continuation of the occurrences ending at cands, with its estimated probabilities."""
+    def walk(self, cands: list[int], limit: int, min_prob: float, end: int, match_len: int = 0,
+             prior: float = 0.0) -> tuple[list[int], list[float]]:
+        """The most frequent continuation of the occurrences ending at cands (which match match_len tokens), with
+        its estimated probabilities."""
         toks, base = self.toks, self.base
         out, probs, cum, alive = [], [], 1.0, cands
         for t in range(limit):
@@ -175,7 +186,8 @@ class _Store:
             if not counts:
                 break
             tok = max(counts, key=counts.__getitem__)
-            pr = cum * counts[tok] / sum(counts.values())
+            m = match_len + t
+            pr = cum * counts[tok] / sum(counts.values()) * (m / (m + prior) if prior else 1.0)
             if pr < min_prob:
                 break
             out.append(tok)
@@ -253,7 +265,7 @@ class SuffixIndex:
             if not L:
                 continue
             limit = min(budget, int(cfg.spec_factor * L + cfg.spec_offset))
-            toks, probs = store.walk(cands, limit, cfg.min_prob, store.end)
+            toks, probs = store.walk(cands, limit, cfg.min_prob, store.end, L, cfg.match_prior)
             p = Proposal(toks, probs, L, source)
             if toks and p.score > best.score:
                 best = p

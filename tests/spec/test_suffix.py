@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from minedraft.spec.suffix import SuffixConfig, SuffixIndex
 
 
-def oracle(texts, ctx, cfg, budget, own_end=None):
+def oracle(texts, ctx, cfg, budget, own_end=None):  # noqa: C901
     """Brute force: every position of every text, the longest match of ctx's suffix ending there, then the most
     frequent continuation among the positions of that longest match (ties to the most recent)."""
     occ = []  # (text index, end position), most recent last
@@ -37,7 +37,8 @@ def oracle(texts, ctx, cfg, budget, own_end=None):
         if not counts:
             break
         tok = max(counts, key=counts.__getitem__)
-        pr = cum * counts[tok] / sum(counts.values())
+        m = best + t
+        pr = cum * counts[tok] / sum(counts.values()) * m / (m + cfg.match_prior)
         if pr < cfg.min_prob:
             break
         out.append(tok)
@@ -51,9 +52,10 @@ BIG = dict(max_candidates=10**9)
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 4), min_size=1, max_size=60), st.integers(1, 8),
-       st.sampled_from([0.0, 0.1, 0.4]), st.sampled_from([1.0, 2.0]), st.integers(1, 12))
-def test_own_text_matches_oracle(text, budget, min_prob, factor, depth):
-    cfg = SuffixConfig(max_depth=depth, min_prob=min_prob, spec_factor=factor, global_tokens=0, **BIG)
+       st.sampled_from([0.0, 0.1, 0.4]), st.sampled_from([1.0, 2.0]), st.integers(1, 12), st.sampled_from([0, 1.5]))
+def test_own_text_matches_oracle(text, budget, min_prob, factor, depth, prior):
+    cfg = SuffixConfig(max_depth=depth, min_prob=min_prob, spec_factor=factor, global_tokens=0, match_prior=prior,
+                       **BIG)
     ix = SuffixIndex(cfg)
     ix.add(7, text[:len(text) // 2])
     ix.extend(7, text[len(text) // 2:])  # built in two parts, as prompt then verdicts
@@ -88,23 +90,34 @@ def test_own_prompt_matched_from_first_step():
     ix.add(1, prompt)
     p = ix.propose([1], 8)[0]
     assert p.source == "self" and p.match_len == 10
-    assert p.tokens == list(range(110, 118)) and p.probs == [1.0] * 8
+    assert p.tokens == list(range(110, 118))
+    assert p.probs[0] == pytest.approx(10 / 11.5) and p.probs == sorted(p.probs, reverse=True)
 
 
 def test_length_grows_with_match_and_is_cut_at_low_probability():
-    ix = SuffixIndex(SuffixConfig(spec_factor=1.0, min_prob=0.4))
+    ix = SuffixIndex(SuffixConfig(spec_factor=1.0, min_prob=0.4, match_prior=0))
     ix.add(1, [1, 2, 3, 4, 5, 6, 0, 1])  # a one-token match: one token proposed
     assert ix.propose([1], 8)[0].tokens == [2]
     ix.add(2, [5, 1, 2, 9, 5, 1, 3, 8, 5, 1, 3, 7, 5, 1])  # after "5 1": 3 twice, 2 once; then 8 or 7
     p = ix.propose([2], 8)[0]
     assert p.tokens == [3] and p.probs == pytest.approx([2 / 3])  # 3 then 7 would be 1/3 < 0.4
-    ix.cfg = SuffixConfig(min_prob=0.3)
+    ix.cfg = SuffixConfig(min_prob=0.3, spec_factor=1.0, match_prior=0)
     assert ix.propose([2], 8)[0].probs == pytest.approx([2 / 3, 1 / 3])  # 2 = match length: no third
     ix.add(3, [5, 1, 2, 9, 5, 1, 3, 8, 5, 1])  # a 50/50 split is cut at min_prob 0.6 ...
-    ix.cfg = SuffixConfig(min_prob=0.6)
+    ix.cfg = SuffixConfig(min_prob=0.6, spec_factor=1.0, match_prior=0)
     assert ix.propose([3], 8)[0].tokens == []
-    ix.cfg = SuffixConfig(min_prob=0.5)  # ... and kept at 0.5, the tie going to the most recent occurrence
+    ix.cfg = SuffixConfig(min_prob=0.5, spec_factor=1.0, match_prior=0)  # ... and kept at 0.5, the tie going to the most recent occurrence
     assert ix.propose([3], 8)[0].tokens == [3, 8]  # then one occurrence left: 8 at the same 0.5
+
+
+def test_match_prior_shortens_weak_matches():
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]  # one earlier occurrence of a 1-token match: weak evidence
+    ix = SuffixIndex(SuffixConfig(spec_factor=8.0, min_prob=0.3, match_prior=1.5))
+    ix.add(1, text)
+    p = ix.propose([1], 8)[0]
+    assert p.tokens == [2] and p.probs == pytest.approx([1 / 2.5])  # the next, at 1/2.5 x 2/3.5, is cut
+    ix.cfg = SuffixConfig(spec_factor=8.0, min_prob=0.3, match_prior=0)
+    assert ix.propose([1], 8)[0].tokens == [2, 3, 4, 5, 6, 7, 8, 9]
 
 
 def test_no_match_proposes_nothing_and_budget_caps():
@@ -120,7 +133,7 @@ def test_no_match_proposes_nothing_and_budget_caps():
 def test_global_index_serves_other_requests_and_prompts_are_configurable():
     out = list(range(200, 230))
     for gp in (False, True):
-        ix = SuffixIndex(SuffixConfig(global_prompts=gp))
+        ix = SuffixIndex(SuffixConfig(global_prompts=gp, spec_factor=1.0))
         ix.add(1, list(range(300, 320)))
         ix.extend(1, out)
         ix.remove(1)
