@@ -13,6 +13,18 @@ MODELS_DIR = Path(__file__).resolve().parent / "models"
 DEFAULT_TARGET = str(MODELS_DIR / "tiny-target")
 DEFAULT_DRAFT = str(MODELS_DIR / "tiny-draft")
 MODES = ("minedraft", "sequential", "autoregressive")
+SUFFIX = "suffix"
+
+
+def parse_draft(draft: str) -> tuple[bool, str | None]:
+    """EngineConfig.draft -> (suffix drafting on, the draft model's directory or None). "suffix": the suffix index
+    alone (no draft model); "suffix+<model>": hybrid, per row the suffix proposal when its score clears
+    hybrid_threshold, else the model's draft; anything else: a draft model directory."""
+    if draft == SUFFIX:
+        return True, None
+    if draft.startswith(SUFFIX + "+"):
+        return True, draft[len(SUFFIX) + 1:]
+    return False, draft
 
 
 @dataclass
@@ -44,6 +56,10 @@ class EngineConfig:
     target_tp: int = 1               # tensor-parallel ranks of the verifier (one GPU or share of target_cores each)
     draft_tp: int = 1                # same for the drafter
     tp_timeout_s: float = 30.0       # a collective that waits longer than this fails the engine
+    # draft="suffix" / "suffix+<model>": the suffix index's knobs (spec/suffix.py SuffixConfig fields) and, for the
+    # hybrid, the proposal score (expected accepted tokens) from which a row takes the suffix draft
+    suffix_options: dict | None = None
+    hybrid_threshold: float = 1.0
 
     def __post_init__(self):
         self.validate()
@@ -100,10 +116,35 @@ class EngineConfig:
             resolve(self.draft_cores, self.target_cores, self.mode)
         except ValueError as e:
             bad(str(e))
-        for name in ("target", "draft"):
-            p = getattr(self, name)
-            if not os.path.isdir(p):
-                bad(f"{name} model path {p!r} is not a directory (models load from local paths only)")
+        if not isinstance(self.draft, str):
+            bad(f"draft must be a string, got {self.draft!r}")
+        if self.suffix_drafts:
+            from .spec.suffix import SuffixConfig
+            try:
+                SuffixConfig(**(self.suffix_options or {}))
+            except (TypeError, ValueError) as e:
+                bad(f"suffix_options: {e}")
+            if self.tetris:
+                bad("tetris ranks a draft model's confidences; it does not take suffix drafts")
+            if self.draft_tp > 1 and self.draft_model is None:
+                bad("draft_tp > 1 needs a draft model; draft='suffix' has none")
+        elif self.suffix_options:
+            bad("suffix_options needs draft='suffix' or 'suffix+<model>'")
+        if not 0 <= self.hybrid_threshold < float("inf"):
+            bad(f"hybrid_threshold must be a number >= 0, got {self.hybrid_threshold!r}")
+        for name, p in (("target", self.target), ("draft", self.draft_model)):
+            if p is not None and not os.path.isdir(p):
+                bad(f"{name} model path {p!r} is not a directory (models load from local paths only; "
+                    f"draft may also be 'suffix' or 'suffix+<model dir>')")
+
+    @property
+    def suffix_drafts(self) -> bool:
+        return parse_draft(self.draft)[0]
+
+    @property
+    def draft_model(self) -> str | None:
+        """The draft model's directory, None when drafts come from the suffix index alone."""
+        return parse_draft(self.draft)[1]
 
     @property
     def speculative(self) -> bool:
