@@ -29,16 +29,16 @@ def answers(args) -> list[tuple[list[int], list[int]]]:
             return [tuple(x) for x in json.load(f)]
     from transformers import AutoTokenizer
 
-    from minedraft.chat import chat_params, chat_prompt_ids, end_of_turn_id
+    from minedraft.bench.workloads import grounded_prompts
     from minedraft.config import EngineConfig
-    from minedraft.local_engine import LocalEngine
+    from minedraft.engine.chat import chat_params, chat_prompt_ids, end_of_turn_id
+    from minedraft.engine.local_engine import LocalEngine
     from minedraft.sampling_params import SamplingParams
-    from minedraft.workloads import grounded_prompts
     tok = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
     if args.workload == "grounded":
         msgs = grounded_prompts(args.n, split=args.split)
     else:
-        from minedraft.chat_prompts import held_out_prompts
+        from minedraft.bench.prompts import held_out_prompts
         pool = held_out_prompts()
         msgs = [[{"role": "user", "content": pool[i % len(pool)]}] for i in range(args.n)]
     prompts = [chat_prompt_ids(tok, m) for m in msgs]

@@ -4,20 +4,24 @@ pipeline: greedy identity, the sampled law, first-step prompt matches, cancellat
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from minedraft import batch_sampling
-from minedraft.batch_sampling import RowParams, verify_batch
 from minedraft.config import EngineConfig, parse_draft
-from minedraft.engine import Engine
+from minedraft.engine.engine import Engine
+from minedraft.engine.local_engine import LocalEngine
 from minedraft.errors import EngineDeadError
-from minedraft.local_engine import LocalEngine
-from minedraft.sampling import process_logits
 from minedraft.sampling_params import SamplingParams
-from test_sampling import TARGET_LOGITS, V, chi2_critical, chi2_stat
+from minedraft.spec import batch_sampling
+from minedraft.spec.batch_sampling import RowParams, verify_batch
+from minedraft.spec.sampling import process_logits
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "spec"))  # the chi-square helpers, also when run alone
+from test_sampling import TARGET_LOGITS, V, chi2_critical, chi2_stat  # noqa: E402
 
 # the random tiny target falls into loops, which its own text then predicts: suffix drafts get accepted
 PROMPTS = [list(range(3, 23)) + list(range(3, 9)), [7, 7, 8, 9, 7, 7, 8], [40, 41, 42, 43], [100],
@@ -109,7 +113,7 @@ def test_local_greedy_equals_target_alone(tiny_pair, alone, draft):
 def test_own_prompt_is_matched_from_the_first_step(tiny_pair):
     eng = LocalEngine(_cfg(tiny_pair, mode="sequential", k=8))
     x = list(range(30, 50))
-    from minedraft.request_state import RequestState, make_request
+    from minedraft.engine.request_state import RequestState, make_request
     st = RequestState("0", make_request(0, x + x[:6], _greedy(), eng.tokenizer, eng.config, 5000), eng.tokenizer)
     from collections import deque
     running: dict = {}
