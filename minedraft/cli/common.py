@@ -66,9 +66,14 @@ def _cores(s: str) -> list[int]:
 def _engine_kw(a) -> dict:
     target, draft = (a.target, a.draft)
     if a.model:
+        from ..config import SUFFIX, parse_draft
         from .models import resolve_model
+        suffix, named = parse_draft(a.draft)
         target, draft = resolve_model(a.model)
+        if suffix:  # --draft suffix: no model; suffix+model (or suffix+DIR): the hybrid
+            draft = SUFFIX if named is None else f"{SUFFIX}+{draft if named == 'model' else named}"
     return dict(target=target, draft=draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k, tetris=a.tetris,
+                hybrid_threshold=getattr(a, "hybrid_threshold", 1.0),
                 tetris_capacity=a.tetris_capacity, tetris_extra=a.tetris_extra,
                 max_prompt_tokens=a.max_prompt_tokens, dtype=a.dtype, target_device=a.target_device,
                 draft_device=a.draft_device, draft_cores=a.draft_cores, target_cores=a.target_cores,
