@@ -119,7 +119,8 @@ class Engine:
         self._tmp = tempfile.mkdtemp(prefix="minedraft-")
         addr = Addresses(*(f"ipc://{self._tmp}/{n}" for n in ("cmd", "status", "drafts", "verdict_drafter")))
         k = cfg.k if cfg.speculative else 0  # the configured budget per row; 0: the target alone
-        nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab)
+        # suffix drafts alone never send probabilities (q None): no room for them
+        nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab if cfg.draft_model else 0)
         # a feature-conditioned draft gets the target's features back with each verdict (ipc/tensors.py)
         from ..workers.model_runner import FEATURE_FILE
         feat_nbytes = feature_slot_nbytes(cfg, _hidden_size(cfg.target)) if (
