@@ -4,9 +4,7 @@ pipeline: greedy identity, the sampled law, first-step prompt matches, cancellat
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +17,7 @@ from minedraft.sampling_params import SamplingParams
 from minedraft.spec import batch_sampling
 from minedraft.spec.batch_sampling import RowParams, verify_batch
 from minedraft.spec.sampling import process_logits
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "spec"))  # the chi-square helpers, also when run alone
-from test_sampling import TARGET_LOGITS, V, chi2_critical, chi2_stat  # noqa: E402
+from sampling_law import TARGET_LOGITS, V, chi2_critical, chi2_stat
 
 # the random tiny target falls into loops, which its own text then predicts: suffix drafts get accepted
 PROMPTS = [list(range(3, 23)) + list(range(3, 9)), [7, 7, 8, 9, 7, 7, 8], [40, 41, 42, 43], [100],
