@@ -113,7 +113,7 @@ class EngineConfig:
             for name in ("draft_cores", "target_cores"):  # normalise "0-2" to [0, 1, 2]
                 if isinstance(getattr(self, name), str):
                     setattr(self, name, parse_cores(getattr(self, name)))
-            resolve(self.draft_cores, self.target_cores, self.mode)
+            resolve(self.draft_cores, self.target_cores, self.core_mode)
         except ValueError as e:
             bad(str(e))
         if not isinstance(self.draft, str):
@@ -150,6 +150,13 @@ class EngineConfig:
     def speculative(self) -> bool:
         """Whether the engine drafts at all (autoregressive mode runs the target alone and ignores k)."""
         return self.mode != "autoregressive"
+
+    @property
+    def core_mode(self) -> str:
+        """The mode whose core rule applies (cores.py): a drafter with suffix drafts alone runs no model, only a
+        few milliseconds of Python per step, so in minedraft mode it shares the verifier's cores, as in
+        autoregressive mode, instead of taking half of them."""
+        return "autoregressive" if self.mode == "minedraft" and self.draft_model is None else self.mode
 
     @property
     def max_draft(self) -> int:

@@ -115,7 +115,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         self.tokenizer, vocab, eos = await loop.run_in_executor(None, _load_tokenizer_and_meta, cfg)
         draft_dev, target_dev = _resolve_devices(cfg)
-        draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.mode)  # may raise: first
+        draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.core_mode)  # may raise: first
         self._tmp = tempfile.mkdtemp(prefix="minedraft-")
         addr = Addresses(*(f"ipc://{self._tmp}/{n}" for n in ("cmd", "status", "drafts", "verdict_drafter")))
         k = cfg.k if cfg.speculative else 0  # the configured budget per row; 0: the target alone

@@ -53,6 +53,19 @@ def test_parse_draft_and_config_checks(tiny_pair):
             _cfg(tiny_pair, **bad)
 
 
+def test_suffix_drafter_shares_the_verifiers_cores(tiny_pair):
+    """Suffix drafts alone run no model: in minedraft mode the drafter shares the verifier's cores (all of them),
+    as in autoregressive mode; with a draft model (the hybrid) the halves stay disjoint."""
+    from minedraft.cores import available_cores, resolve
+    allowed = available_cores()
+    d, t = resolve(None, None, _cfg(tiny_pair).core_mode, allowed)
+    assert d == t == allowed
+    if len(allowed) > 1:
+        d, t = resolve(None, None, _cfg(tiny_pair, draft="suffix+MODEL").core_mode, allowed)
+        assert not set(d) & set(t)
+    _cfg(tiny_pair, draft_cores=allowed, target_cores=allowed)  # sharing given explicitly is accepted too
+
+
 # -- the sampler: a deterministic draft (q None) is rejection sampling with a one-hot q -----------------------
 
 def _det_trial(trials, drafts_row, params, q=None):
