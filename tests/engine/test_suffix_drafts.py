@@ -132,6 +132,24 @@ def test_own_prompt_is_matched_from_the_first_step(tiny_pair):
     assert len(drafts[0]) >= 5 and drafts[0] == x[6:6 + len(drafts[0])]  # cut where the estimate falls below 0.3
 
 
+def test_hybrid_q_is_the_models_for_model_rows_and_one_hot_for_suffix_rows(tiny_pair):
+    eng = LocalEngine(_cfg(tiny_pair, draft="suffix+MODEL", mode="sequential", k=4, hybrid_threshold=1.0))
+    from collections import deque
+
+    from minedraft.engine.request_state import RequestState, make_request
+    x = list(range(30, 50))
+    sp = SamplingParams(max_tokens=8, temperature=1.0)
+    states = [RequestState(str(i), make_request(i, p, sp, eng.tokenizer, eng.config, 300), eng.tokenizer)
+              for i, p in [(1000, x + x[:8]), (1001, [7, 8, 9])]]  # the first repeats its prompt, the second
+    eng._admit(deque(states), {})                                    # has nothing to copy
+    drafts, q = eng.drafter.draft([1000, 1001], 4)
+    assert eng.drafter.sources == ["suffix", "model"] and drafts[0] == x[8:12] and len(drafts[1]) == 4
+    assert torch.equal(q[0], torch.nn.functional.one_hot(torch.tensor(x[8:12]), q.shape[-1]).float())
+    assert torch.allclose(q[1].sum(-1), torch.ones(4)) and bool((q[1] < 1).all())
+    res = eng.generate([x + x[:8], [7, 8, 9]] * 4, sp)  # sampled hybrid rows run to the end
+    assert all(len(r.token_ids) == 8 for r in res)
+
+
 def test_sampled_law_through_local_engine(tiny_pair, monkeypatch):
     """Unseeded sampled rows with suffix drafts (the prompt's repeat proposes its continuation at the first step):
     the first two tokens' joint law is the target's; the same run with a sampler that trusts the draft fails."""
