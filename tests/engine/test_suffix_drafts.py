@@ -138,7 +138,7 @@ def test_hybrid_q_is_the_models_for_model_rows_and_one_hot_for_suffix_rows(tiny_
 
     from minedraft.engine.request_state import RequestState, make_request
     x = list(range(30, 50))
-    sp = SamplingParams(max_tokens=8, temperature=1.0)
+    sp = SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True)
     states = [RequestState(str(i), make_request(i, p, sp, eng.tokenizer, eng.config, 300), eng.tokenizer)
               for i, p in [(1000, x + x[:8]), (1001, [7, 8, 9])]]  # the first repeats its prompt, the second
     eng._admit(deque(states), {})                                    # has nothing to copy
