@@ -27,7 +27,7 @@ on the target's answers to the grounded dev prompts a token extending a 1-token 
 
 A proposal's score is the sum of those probabilities, the expected number of its tokens the target accepts if the
 estimates hold; the two indexes' proposals are compared on it, and the hybrid drafter compares it to a threshold.
-Defaults: chosen with scripts/suffix_sim.py on the grounded dev split (SmolLM2-135M's greedy answers), where they
+Defaults: chosen with scripts/bench/suffix_sim.py on the grounded dev split (SmolLM2-135M's greedy answers), where they
 gave 2.31 tokens per verify step for 2.2 draft tokens at k = 8 (a naive longest match of up to 8: 2.68 for 6.7).
 Pure Python, no torch, no I/O: the drafter process calls it once per step for all its rows (`propose`).
 """
