@@ -7,8 +7,8 @@ speculative decode would run it: at each step the index proposes up to k tokens 
 answer, and the step emits those plus one. Requests run one after another, each publishing its answer to the
 global index when done. Prints tokens per verify step (= emitted / steps), draft tokens per step and acceptance.
 
-  python scripts/suffix_sim.py --split dev --n 32 --max-tokens 128           # grounded dev split
-  python scripts/suffix_sim.py --workload chat --n 24 --max-tokens 128       # the open-chat control
+  python scripts/bench/suffix_sim.py --split dev --n 32 --max-tokens 128           # grounded dev split
+  python scripts/bench/suffix_sim.py --workload chat --n 24 --max-tokens 128       # the open-chat control
 """
 
 from __future__ import annotations
