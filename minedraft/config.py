@@ -15,22 +15,34 @@ DEFAULT_DRAFT = str(MODELS_DIR / "tiny-draft")
 MODES = ("minedraft", "sequential", "autoregressive")
 SELF_PREFIX = "self:"
 SELF_SCHEMES = ("int4", "bf16")  # self-drafts: the target's own weights, converted (workers/self_draft.py)
+SUFFIX = "suffix"
+_DRAFT_FORMS = ("a model directory, " + ", ".join(SELF_PREFIX + s for s in SELF_SCHEMES) + ", 'suffix' or "
+                "'suffix+<model directory or self-draft>'")
 
 
-def parse_draft(draft: str) -> tuple[str, str]:
-    """The draft option, read in one place: ("self", scheme) for a self-draft such as "self:int4", else
-    ("dir", path) for a draft model folder. A ValueError names the option and the valid forms."""
+def parse_draft(draft: str) -> tuple[bool, str | None]:
+    """The draft option, read in one place -> (suffix drafting on, the draft model or None). "suffix": the suffix
+    index alone (no draft model); "suffix+<model>": hybrid, per row the suffix proposal when its score clears
+    hybrid_threshold, else the model's draft; anything else: the draft model, a directory or a self-draft
+    ("self:int4"). A ValueError names the option and the valid forms."""
     if not isinstance(draft, str):
-        raise ValueError(f"draft must be a model directory or one of {', '.join(SELF_PREFIX + s for s in SELF_SCHEMES)}"
-                         f", got {draft!r}")
-    if draft.startswith(SELF_PREFIX):
-        scheme = draft[len(SELF_PREFIX):]
-        if scheme not in SELF_SCHEMES:
-            raise ValueError(f"draft must be a model directory or one of "
-                             f"{', '.join(SELF_PREFIX + s for s in SELF_SCHEMES)}; {draft!r} names an unknown "
-                             f"self-draft scheme")
-        return "self", scheme
-    return "dir", draft
+        raise ValueError(f"draft must be {_DRAFT_FORMS}, got {draft!r}")
+    if draft == SUFFIX:
+        return True, None
+    suffix = draft.startswith(SUFFIX + "+")
+    model = draft[len(SUFFIX) + 1:] if suffix else draft
+    self_scheme(model)  # an unknown self-draft scheme fails here, before any worker starts
+    return suffix, model
+
+
+def self_scheme(model: str) -> str | None:
+    """"self:int4" -> "int4"; a model directory -> None; an unknown scheme -> ValueError."""
+    if not model.startswith(SELF_PREFIX):
+        return None
+    scheme = model[len(SELF_PREFIX):]
+    if scheme not in SELF_SCHEMES:
+        raise ValueError(f"draft must be {_DRAFT_FORMS}; {model!r} names an unknown self-draft scheme")
+    return scheme
 
 
 @dataclass
@@ -62,6 +74,10 @@ class EngineConfig:
     target_tp: int = 1               # tensor-parallel ranks of the verifier (one GPU or share of target_cores each)
     draft_tp: int = 1                # same for the drafter
     tp_timeout_s: float = 30.0       # a collective that waits longer than this fails the engine
+    # draft="suffix" / "suffix+<model>": the suffix index's knobs (spec/suffix.py SuffixConfig fields) and, for the
+    # hybrid, the proposal score (expected accepted tokens) from which a row takes the suffix draft
+    suffix_options: dict | None = None
+    hybrid_threshold: float = 1.0
 
     def __post_init__(self):
         self.validate()
@@ -115,24 +131,56 @@ class EngineConfig:
             for name in ("draft_cores", "target_cores"):  # normalise "0-2" to [0, 1, 2]
                 if isinstance(getattr(self, name), str):
                     setattr(self, name, parse_cores(getattr(self, name)))
-            resolve(self.draft_cores, self.target_cores, self.mode)
+            resolve(self.draft_cores, self.target_cores, self.core_mode)
         except ValueError as e:
             bad(str(e))
         try:
-            kind, _ = parse_draft(self.draft)
+            model = parse_draft(self.draft)[1]
         except ValueError as e:
             bad(str(e))
-        if kind == "self" and self.draft_tp > 1:
+        scheme = self_scheme(model) if model is not None else None
+        if scheme is not None and self.draft_tp > 1:
             bad(f"draft={self.draft!r} runs on one drafter rank; set draft_tp=1 (the target may still use target_tp)")
-        for name in ("target", "draft") if kind == "dir" else ("target",):
-            p = getattr(self, name)
-            if not os.path.isdir(p):
-                bad(f"{name} model path {p!r} is not a directory (models load from local paths only)")
+        if self.suffix_drafts:
+            from .spec.suffix import SuffixConfig
+            try:
+                SuffixConfig(**(self.suffix_options or {}))
+            except (TypeError, ValueError) as e:
+                bad(f"suffix_options: {e}")
+            if self.tetris:
+                bad("tetris ranks a draft model's confidences; it does not take suffix drafts")
+            if self.draft_tp > 1 and model is None:
+                bad("draft_tp > 1 needs a draft model; draft='suffix' has none")
+        elif self.suffix_options:
+            bad("suffix_options needs draft='suffix' or 'suffix+<model>'")
+        if not 0 <= self.hybrid_threshold < float("inf"):
+            bad(f"hybrid_threshold must be a number >= 0, got {self.hybrid_threshold!r}")
+        for name, p in (("target", self.target), ("draft", None if scheme else model)):
+            if p is not None and not os.path.isdir(p):
+                bad(f"{name} model path {p!r} is not a directory (models load from local paths only; draft may "
+                    f"also be {_DRAFT_FORMS[len('a model directory, '):]})")
+
+    @property
+    def suffix_drafts(self) -> bool:
+        return parse_draft(self.draft)[0]
+
+    @property
+    def draft_model(self) -> str | None:
+        """The draft model: a directory or a self-draft ("self:int4"); None when drafts come from the suffix
+        index alone."""
+        return parse_draft(self.draft)[1]
 
     @property
     def speculative(self) -> bool:
         """Whether the engine drafts at all (autoregressive mode runs the target alone and ignores k)."""
         return self.mode != "autoregressive"
+
+    @property
+    def core_mode(self) -> str:
+        """The mode whose core rule applies (cores.py): a drafter with suffix drafts alone runs no model, only a
+        few milliseconds of Python per step, so in minedraft mode it shares the verifier's cores, as in
+        autoregressive mode, instead of taking half of them."""
+        return "autoregressive" if self.mode == "minedraft" and self.draft_model is None else self.mode
 
     @property
     def max_draft(self) -> int:

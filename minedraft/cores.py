@@ -9,7 +9,8 @@ Default rule (when EngineConfig.draft_cores / target_cores are None), over the c
     would leave half of them idle at every moment.
   * autoregressive: the verifier gets every core; the drafter runs no model (it only relays empty drafts) and
     shares them: measured with scripts/bench/step_overhead.py, a drafter on another core than the verifier's, beside
-    the busy scheduler, more than doubled the idle gap between two verify steps.
+    the busy scheduler, more than doubled the idle gap between two verify steps. The same rule applies in minedraft
+    mode to suffix drafts alone (draft="suffix", EngineConfig.core_mode): that drafter runs no model either.
 A worker pins itself to its set (sched_setaffinity) and sets torch's intra-op threads to its size (see threads_for).
 """
 

@@ -49,6 +49,15 @@ def chat_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
             for i in range(n)]
 
 
+def grounded(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
+    """n grounded chat requests (minedraft/bench/workloads.py, its test split), in the target's chat template."""
+    from ..engine.chat import chat_prompt_ids
+    from .workloads import grounded_prompts
+    pool = grounded_prompts(split="test")
+    random.Random(seed).shuffle(pool)
+    return [chat_prompt_ids(tokenizer, pool[i % len(pool)]) for i in range(n)]
+
+
 def _pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
@@ -109,9 +118,9 @@ def hf_assisted(target: str, draft: str, prompts, max_tokens: int, repeats: int,
     tok = AutoTokenizer.from_pretrained(target, local_files_only=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     tm = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, local_files_only=True).to(dev).eval()
-    from ..config import parse_draft
-    kind, scheme = parse_draft(draft)
-    if kind == "self":  # the same self-draft the engine builds, as a transformers model
+    from ..config import self_scheme
+    scheme = self_scheme(draft)
+    if scheme is not None:  # the same self-draft the engine builds, as a transformers model
         from ..workers.self_draft import convert
         dm = convert(AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32, local_files_only=True)
                      .to(dev), scheme)
@@ -170,10 +179,11 @@ async def _bench(args) -> list[tuple[str, dict]]:
     rates = args.rate or [None]
     points = [(k, b, r) for k in ks for b in batches for r in rates]
     modes = [m for m in MODES if m in args.modes]  # target-alone first: it is the reference for "same"
-    if args.chat:
+    workload = "chat" if args.chat else args.workload
+    if workload in ("chat", "grounded"):
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
-        make_prompts = lambda n, seed: chat_prompts(tok, n, seed)  # noqa: E731
+        make_prompts = lambda n, seed: (chat_prompts if workload == "chat" else grounded)(tok, n, seed)  # noqa: E731
     else:
         make_prompts = lambda n, seed: corpus_prompts(n, seed)  # noqa: E731
     splits = args.split or [None]
@@ -184,7 +194,8 @@ async def _bench(args) -> list[tuple[str, dict]]:
     workloads = len({(b, r) for _, b, r in points})
     tetris = {"off": [False], "on": [True], "both": [False, True]}[args.tetris]
     per_mode = {"autoregressive": workloads, "sequential": len(points) * len(tetris),
-                "minedraft": (len(points) * len(splits) + (workloads if args.adaptive else 0)) * len(tetris)}
+                "minedraft": (len(points) * len(splits) + (workloads if args.adaptive else 0)) * len(tetris)
+                + (len(points) if args.hybrid else 0)}
     n_runs = sum(per_mode[m] for m in modes) * args.repeats + in_process_runs(args, points)
     if args.hf:
         n_runs += args.repeats
@@ -203,9 +214,14 @@ async def _bench(args) -> list[tuple[str, dict]]:
         if mode == "minedraft":  # the core split sweep; adaptive k runs with the default split
             variants = [(a, n, t) for t in tetris
                         for a, n in [(False, n) for n in splits] + ([(True, None)] if args.adaptive else [])]
+            if args.hybrid:  # the same pipeline with draft "suffix+<model>"
+                variants.append(("hybrid", None, False))
         for adaptive, split, tet in variants:
+            hybrid = adaptive == "hybrid"
+            adaptive = adaptive is True
             cores = dict(draft_cores=allowed[:split], target_cores=allowed[split:]) if split else {}
-            cfg = EngineConfig(target=args.target, draft=args.draft, mode=mode, k=max(ks), adaptive_k=adaptive,
+            cfg = EngineConfig(target=args.target, draft=f"suffix+{args.hybrid}" if hybrid else args.draft,
+                               hybrid_threshold=args.hybrid_threshold, mode=mode, k=max(ks), adaptive_k=adaptive,
                                tetris=tet, tetris_extra=args.tetris_extra, tetris_capacity=args.tetris_capacity,
                                max_batch_size=max(batches), max_tokens_limit=max(args.max_tokens, 16),
                                kv_cache_tokens=args.kv_cache_tokens, dtype=args.dtype, **cores)
@@ -238,7 +254,8 @@ async def _bench(args) -> list[tuple[str, dict]]:
                         if want_trace and trace_events is None and k == ks[-1] and b == batches[-1]:
                             trace_events = list(engine.scheduler.stats.trace)
                         bar.update(1)
-                    name = mode + (" tetris" if tet else "") + (" (adaptive k)" if adaptive else "")
+                    name = mode + (" tetris" if tet else "") + (" (adaptive k)" if adaptive else "") + (
+                        " hybrid" if hybrid else "")
                     tag = ("" if mode == "autoregressive" else f" k={'auto' if adaptive else k}") + where + f" B={b}"
                     tag += f" rate={r:g}/s" if r else ""
                     m = _median(runs)
@@ -338,6 +355,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "only with the B=1 rows)")
     p.add_argument("--chat", action="store_true", help="held-out chat questions in the target's chat template "
                    "instead of documentation snippets (the real pair's draft was trained on chat answers)")
+    p.add_argument("--workload", choices=("docs", "chat", "grounded"), default="docs",
+                   help="docs: documentation snippets as plain prompts; chat: held-out open chat questions (= --chat; "
+                        "the control for suffix drafts); grounded: chat requests whose answer reuses the prompt "
+                        "(edit a stdlib function, quote a passage, table to JSON, restate an answer)")
+    p.add_argument("--hybrid", metavar="DIR", help="also run minedraft with draft 'suffix+DIR' (the hybrid)")
+    p.add_argument("--hybrid-threshold", type=float, default=1.0,
+                   help="the hybrid's suffix score threshold (default: 1.0)")
     p.add_argument("--hf-prompts", type=int, default=8, help="prompts for the HF assisted run (default: 8)")
     p.add_argument("--kv-cache-tokens", type=int, default=65536, help="KV cache positions per model")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],

@@ -75,9 +75,16 @@ def _cores(s: str) -> list[int]:
 def _engine_kw(a) -> dict:
     target, draft = (a.target, a.draft if a.draft is not None else DEFAULT_DRAFT)
     if a.model:
+        from ..config import SUFFIX, parse_draft
         from .models import resolve_model
-        target, draft = resolve_model(a.model, a.draft)
+        suffix, named = parse_draft(a.draft) if a.draft is not None else (False, None)
+        if suffix:  # --draft suffix: no model; suffix+model (the pair's default draft) or suffix+DIR: the hybrid
+            target, model = resolve_model(a.model, None if named in (None, "model") else named)
+            draft = SUFFIX if named is None else f"{SUFFIX}+{model}"
+        else:
+            target, draft = resolve_model(a.model, a.draft)
     return dict(target=target, draft=draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k, tetris=a.tetris,
+                hybrid_threshold=getattr(a, "hybrid_threshold", 1.0),
                 tetris_capacity=a.tetris_capacity, tetris_extra=a.tetris_extra,
                 max_prompt_tokens=a.max_prompt_tokens, dtype=a.dtype, target_device=a.target_device,
                 draft_device=a.draft_device, draft_cores=a.draft_cores, target_cores=a.target_cores,

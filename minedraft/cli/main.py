@@ -26,10 +26,15 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target", default=DEFAULT_TARGET, metavar="DIR",
                    help="target model directory (weights + tokenizer; loaded from local files only) "
                         "(default: the tiny pair bundled with minedraft, %(default)s)")
-    g.add_argument("--draft", default=None, metavar="DIR|self:SCHEME",
-                   help="draft model directory (must share the target's tokenizer), or self:int4 / self:bf16: the "
-                        "target's own weights, int4 weight-only or bfloat16, built at load (default: the --model "
-                        f"pair's default draft, else {DEFAULT_DRAFT})")
+    g.add_argument("--draft", default=None, metavar="DRAFT",
+                   help="draft model directory (must share the target's tokenizer); or self:int4 / self:bf16: the "
+                        "target's own weights, int4 weight-only or bfloat16, built at load; or 'suffix': drafts "
+                        "from the prompt and earlier outputs, no draft model; or 'suffix+DRAFT' (with --model also "
+                        "'suffix+model'): per request the suffix draft when it is promising, else the model's "
+                        f"(default: the --model pair's default draft, else {DEFAULT_DRAFT})")
+    g.add_argument("--hybrid-threshold", type=float, default=_default("hybrid_threshold"), metavar="S",
+                   help="with --draft suffix+...: the suffix proposal's score (expected accepted tokens) from "
+                        "which a request takes it instead of the model's draft")
     g.add_argument("--model", default=None, metavar="NAME",
                    help="a named pair instead of --target/--draft: 'tiny' (bundled) or a pulled one such as "
                         "smollm2-135m, which drafts with self:int4 unless --draft says otherwise (see "
@@ -275,7 +280,8 @@ def cmd_generate(a) -> int:
     _quiet_libraries()
     from ..models.check import ModelDirError, check_pair
     try:  # before any worker starts: a bad directory answers in seconds, naming it
-        tok, _, _ = check_pair(cfg.target, cfg.draft, need_draft=cfg.speculative)
+        tok, _, _ = check_pair(cfg.target, cfg.draft_model or cfg.target,
+                               need_draft=cfg.speculative and cfg.draft_model is not None)
     except ModelDirError as e:
         return _fail(str(e), 1)
     n_prompt = len(tok.encode(prompt))

@@ -60,7 +60,8 @@ def _load_tokenizer_and_meta(cfg: EngineConfig):
     """Check both model directories here, before spawning (shapes that do not split over the tensor-parallel ranks
     included), and load the target's tokenizer."""
     from ..models.check import check_pair
-    return check_pair(cfg.target, cfg.draft, need_draft=cfg.speculative, target_tp=cfg.target_tp,
+    return check_pair(cfg.target, cfg.draft_model or cfg.target,
+                      need_draft=cfg.speculative and cfg.draft_model is not None, target_tp=cfg.target_tp,
                       draft_tp=cfg.draft_tp)
 
 
@@ -119,15 +120,16 @@ class Engine:
         loop = asyncio.get_running_loop()
         self.tokenizer, vocab, eos = await loop.run_in_executor(None, _load_tokenizer_and_meta, cfg)
         draft_dev, target_dev = _resolve_devices(cfg)
-        draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.mode)  # may raise: first
+        draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.core_mode)  # may raise: first
         self._tmp = tempfile.mkdtemp(prefix="minedraft-")
         addr = Addresses(*(f"ipc://{self._tmp}/{n}" for n in ("cmd", "status", "drafts", "verdict_drafter")))
         k = cfg.k if cfg.speculative else 0  # the configured budget per row; 0: the target alone
-        nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab)
+        # suffix drafts alone never send probabilities (q None): no room for them
+        nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab if cfg.draft_model else 0)
         # a feature-conditioned draft gets the target's features back with each verdict (ipc/tensors.py)
         from ..workers.model_runner import FEATURE_FILE
         feat_nbytes = feature_slot_nbytes(cfg, _hidden_size(cfg.target)) if (
-            k and os.path.exists(os.path.join(cfg.draft, FEATURE_FILE))) else 0
+            k and cfg.draft_model and os.path.exists(os.path.join(cfg.draft_model, FEATURE_FILE))) else 0
         if not draft_dev.startswith("cuda"):
             self._shm = create_shm(2, nbytes)
             if feat_nbytes:
@@ -135,13 +137,15 @@ class Engine:
         common = WorkerSpec(
             addr=addr, k=k, max_draft=cfg.max_draft, mode=cfg.mode, kv_cache_tokens=cfg.kv_cache_tokens,
             block_size=cfg.block_size, dtype=cfg.dtype, shm=[s.name for s in self._shm], slot_nbytes=nbytes,
-            eos=list(eos), target=cfg.target, draft=cfg.draft, features=bool(feat_nbytes), feat_nbytes=feat_nbytes,
-            feat_shm=[s.name for s in self._feat_shm], fault=list(self._fault) if self._fault else None,
+            eos=list(eos), target=cfg.target, draft=cfg.draft_model, features=bool(feat_nbytes),
+            feat_nbytes=feat_nbytes, feat_shm=[s.name for s in self._feat_shm],
+            fault=list(self._fault) if self._fault else None,
             tetris=bool(cfg.tetris and k), capacity=cfg.tetris_capacity,
             heartbeat_s=min(1.0, cfg.heartbeat_timeout_s / 4),
             # dynamic speculation in minedraft mode: with k = 0 the two batches merge into one (workers/
             # plain_steps.py) and the verifier borrows the idle drafter's cores (CPU, one rank)
-            merge_on_zero=bool(cfg.adaptive_k and k and cfg.mode == "minedraft"))
+            merge_on_zero=bool(cfg.adaptive_k and k and cfg.mode == "minedraft"),
+            suffix=(cfg.suffix_options or {}) if cfg.suffix_drafts else None, hybrid_threshold=cfg.hybrid_threshold)
         lend = (common.merge_on_zero and not target_dev.startswith("cuda") and cfg.target_tp == 1
                 and not set(draft_cores) & set(target_cores))
         try:
@@ -334,7 +338,10 @@ class Engine:
                 "kv_blocks_free": s.free_blocks, "kv_blocks_total": s.total_blocks,
                 # per draft position i: drafts proposed there, and how many were accepted (step_stats.py)
                 "drafted_by_position": list(self.step_stats.drafted_by_pos),
-                "accepted_by_position": list(self.step_stats.accepted_by_pos)}
+                "accepted_by_position": list(self.step_stats.accepted_by_pos),
+                # suffix / hybrid drafts: tokens drafted and accepted by draft source ("suffix", "model")
+                "drafted_by_source": {k: v[0] for k, v in st.by_source.items()},
+                "accepted_by_source": {k: v[1] for k, v in st.by_source.items()}}
 
     def health(self) -> dict:
         alive = [p.exitcode is None and not (self.scheduler and self.scheduler.dead) for p in self.procs]

@@ -16,9 +16,9 @@ from ..errors import InvalidRequestError
 from ..outputs import GenerationResult
 from .request_state import RequestState, make_request
 from ..models.check import eos_ids
-from ..workers.drafter import Drafter
 from ..workers.model_runner import ModelRunner
 from ..workers.self_draft import load_draft
+from ..workers.suffix_drafter import make_drafter
 from ..workers.verifier import Verifier
 
 
@@ -31,13 +31,15 @@ class LocalEngine:
         self.k = cfg.k if cfg.speculative else 0
         self.max_draft = cfg.max_draft  # k, or k + tetris_extra with Tetris
         self.target = ModelRunner.from_pretrained(cfg.target, cfg.kv_cache_tokens, cfg.block_size, device, cfg.dtype)
-        self.drafter = None
-        if self.k:
+        self.drafter = self.draft = None
+        if self.k and cfg.draft_model:  # draft="suffix" needs no draft model
             ddev = "cpu" if cfg.draft_device == "auto" else cfg.draft_device
-            self.draft = load_draft(cfg.draft, cfg.target, cfg.kv_cache_tokens, cfg.block_size, ddev, cfg.dtype)
+            self.draft = load_draft(cfg.draft_model, cfg.target, cfg.kv_cache_tokens, cfg.block_size, ddev, cfg.dtype)
             if self.draft.vocab_size != self.target.vocab_size:
                 raise ValueError("draft and target vocabularies differ; they must share a tokenizer")
-            self.drafter = Drafter(self.draft, self.max_draft)
+        if self.k:
+            self.drafter = make_drafter(self.draft, self.max_draft,
+                                        (cfg.suffix_options or {}) if cfg.suffix_drafts else None, cfg.hybrid_threshold)
         self.verifier = Verifier(self.target, self.max_draft, eos_ids(self.target.config, self.tokenizer),
                                  features=bool(self.drafter and self.drafter.features))
         self._ids = itertools.count()
@@ -64,7 +66,7 @@ class LocalEngine:
         while waiting and len(running) < self.config.max_batch_size:
             s = waiting[0]
             need = s.req.cache_tokens(self.max_draft)
-            if not (self.target.cache.can_allocate(need) and (not self.drafter or self.draft.cache.can_allocate(need))):
+            if not (self.target.cache.can_allocate(need) and (not self.draft or self.draft.cache.can_allocate(need))):
                 break  # waits until a running request frees its blocks
             waiting.popleft()
             self.verifier.add(s.req)

@@ -46,6 +46,7 @@ class EngineStats:
     row_steps: int = 0  # (request, verify step) pairs: each scored its drafts plus one token of its own
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
+    by_source: dict = field(default_factory=dict)  # suffix/hybrid drafts: source -> [drafted, accepted]
     finished: int = 0
     aborted: int = 0
     failed: int = 0
@@ -243,12 +244,17 @@ class AsyncScheduler:
         st.verify_time_s += m.t1 - m.t0
         if self.trace:
             st.trace.append(TraceEvent("verifier", "verify", m.batch, m.t0, m.t1, m.step))
-        for r in m.results:
+        src = m.src
+        for i, r in enumerate(m.results):
             s = self.running.get(r.rid)
             if s is None or s.finished:
                 continue  # aborted meanwhile
             st.draft_tokens += r.num_drafted
             st.accepted_tokens += r.num_accepted
+            if src and r.num_drafted:
+                c = st.by_source.setdefault(src[i], [0, 0])
+                c[0] += r.num_drafted
+                c[1] += r.num_accepted
             st.row_steps += 1
             before = s.stats.output_tokens
             delta = s.on_result(r)

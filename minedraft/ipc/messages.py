@@ -54,7 +54,7 @@ class WorkerSpec(_Msg):
     slot_nbytes: int
     eos: list[int]
     target: str
-    draft: str
+    draft: str | None        # None: suffix drafts alone (no draft model)
     features: bool           # a feature-conditioned draft: the verifier sends the target's features back
     feat_nbytes: int
     feat_shm: list[str]
@@ -63,6 +63,8 @@ class WorkerSpec(_Msg):
     capacity: int | None     # Tetris drafts verified per step at the configured k (None: k x rows)
     heartbeat_s: float
     merge_on_zero: bool      # with k = 0 the two batches merge into one (workers/plain_steps.py)
+    suffix: dict | None = None   # draft="suffix" / "suffix+<model>": the SuffixConfig fields; None: a model draft
+    hybrid_threshold: float = 1.0
     # per process, filled in by the Engine / role_processes
     device: str = "cpu"
     cores: list[int] | None = None
@@ -155,6 +157,7 @@ class Drafts(_Msg, tag="drafts"):
     t1: float
     k: int = 0               # this step's budget per row
     lease: bool = False      # plain decoding with nothing pending: the verifier keeps stepping this batch
+    src: list[str] | None = None  # suffix drafts: each row's draft source ("suffix", "model", "")
 
 
 class Verdict(_Msg, tag="verdict"):
@@ -169,6 +172,7 @@ class Verdict(_Msg, tag="verdict"):
     k: int
     more: bool               # a lease goes on: the drafter hears of these rows with the lease's last verdict
     feat: FeatureDesc | None = None  # to the drafter only, with a feature-conditioned draft
+    src: list[str] | None = None     # suffix drafts: each row's draft source, as the drafts message gave it
 
 
 class Ready(_Msg, tag="ready"):

@@ -110,8 +110,8 @@ def draft_feature_size(draft: str, dcfg) -> int | None:
 def check_pair(target: str, draft: str, need_draft: bool = True, target_tp: int = 1, draft_tp: int = 1):
     """Check both directories (and that their shapes split over the tensor-parallel ranks) and load the target's
     tokenizer; returns (tokenizer, vocab_size, eos ids). A self-draft ("self:int4") is the target itself."""
-    from ..config import parse_draft
-    if parse_draft(draft)[0] == "self":
+    from ..config import self_scheme
+    if self_scheme(draft):
         need_draft, draft_tp = False, 1  # nothing of its own to check; it runs on one rank (config refuses more)
     check_model_dir(target, "target")
     if need_draft:

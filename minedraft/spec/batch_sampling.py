@@ -131,7 +131,10 @@ def verify_batch(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tenso
     j <= counts[b]); drafts [B, K] (padded past counts[b]); q [B, K, V] draft probabilities or None when
     no row is sampled. With index [B, K+1], logits are distinct rows [M, V] and row b's position j reads
     logits[index[b, j]] (the runner's packed output): a greedy batch then takes each row's argmax once and
-    never copies the logits. Returns (accepted drafts per row, the token that follows them): one sync."""
+    never copies the logits. q None means every draft is deterministic (q one-hot on the drafted token: greedy
+    rows, suffix drafts): a sampled row then accepts draft x with probability p(x) and, on a rejection, samples p
+    with x removed (norm(max(0, p - onehot(x)))), the same rejection sampling. Returns (accepted drafts per row,
+    the token that follows them): one sync."""
     choice = None
     if index is not None:
         if rp.any_sampled:
@@ -155,12 +158,12 @@ def verify_batch(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tenso
         choice[rp.coupled] = _coupled_choice(p, rp, pos)
     if K:
         acc = drafts == choice[:, :K]
-        if q is not None and rp.any_plain:
+        if rp.any_plain:
             if full:
                 pd = p[:, :K].gather(-1, drafts[..., None]).squeeze(-1)
             else:
                 pd = torch.exp(x[:, :K].gather(-1, drafts[..., None]).squeeze(-1) - torch.logsumexp(x[:, :K], -1))
-            qd = q.gather(-1, drafts[..., None]).squeeze(-1)
+            qd = q.gather(-1, drafts[..., None]).squeeze(-1) if q is not None else torch.ones_like(pd)
             u = rng.uniform(rp.seed[:, None], rng.ACCEPT, pos[:, :K])
             acc = torch.where(match_rows[:, None], acc, u < (pd / qd).double())
         acc &= j[None, :K] < counts[:, None]
@@ -172,10 +175,13 @@ def verify_batch(logits: torch.Tensor, drafts: torch.Tensor, counts: torch.Tenso
         at_n = n[:, None, None].expand(B, 1, V)
         pn = (p.gather(1, at_n) if full else torch.softmax(x.gather(1, at_n), -1)).squeeze(1)
         dist = pn
-        if q is not None and K:
+        if K:
             rejected = (n < counts)[:, None]
-            qn = q.gather(1, n.clamp(max=K - 1)[:, None, None].expand(B, 1, V)).squeeze(1)
-            resid = (pn - qn).clamp_min(0)
+            if q is not None:
+                qn = q.gather(1, n.clamp(max=K - 1)[:, None, None].expand(B, 1, V)).squeeze(1)
+                resid = (pn - qn).clamp_min(0)
+            else:  # a deterministic draft: p without the rejected token
+                resid = pn.scatter(1, drafts.gather(1, n.clamp(max=K - 1)[:, None]), 0.0)
             total = resid.sum(-1, keepdim=True)
             # p == q up to rounding: nothing left to correct, p itself is the right law
             resid = torch.where(total > 1e-12, resid / total.clamp_min(1e-30), pn)

@@ -16,10 +16,11 @@ from .process import POLL_MS, _Worker, drain, placement
 
 class DrafterProcess(_Worker):
     def setup(self):
-        from .drafter import Drafter
+        from .suffix_drafter import make_drafter
         spec, a = self.spec, self.spec.addr
-        self.runner = self.load(spec.draft) if spec.k else None
-        self.drafter = Drafter(self.runner, spec.max_draft) if self.runner else None
+        # draft="suffix" loads no model (spec.draft None); "suffix+<model>" loads the model as usual
+        self.runner = self.load(spec.draft) if spec.k and spec.draft else None
+        self.drafter = make_drafter(self.runner, spec.max_draft, spec.suffix, spec.hybrid_threshold) if spec.k else None
         self.cmd = self.ctx.socket(zmq.PULL)
         self.cmd.connect(a.cmd)
         self.verdicts = self.ctx.socket(zmq.PULL)
@@ -122,7 +123,7 @@ class DrafterProcess(_Worker):
         if self.batches[b] or self.removed[b]:
             return True
         need = [r.cache_tokens(self.spec.max_draft) for r, rb in self.adds if self._home(rb) == b]
-        return bool(need) and (not self.drafter or self.runner.cache.can_allocate(need[0]))
+        return bool(need) and (not self.runner or self.runner.cache.can_allocate(need[0]))
 
     def _lease_ok(self, b: int) -> bool:
         """Plain decoding of one batch with nothing pending here: the verifier may go on stepping batch b
@@ -194,7 +195,7 @@ class DrafterProcess(_Worker):
             req, ab = item
             if self._home(ab) != b:
                 continue
-            if self.drafter and not self.runner.cache.can_allocate(req.cache_tokens(self.spec.max_draft)):
+            if self.runner and not self.runner.cache.can_allocate(req.cache_tokens(self.spec.max_draft)):
                 break
             self.adds.remove(item)
             if self.drafter:
@@ -222,8 +223,9 @@ class DrafterProcess(_Worker):
         desc = self.slots.write(b, drafts, q)
         t1 = time.monotonic()
         self.leased[b] = self._lease_ok(b)
+        src = self.drafter.sources if self.spec.suffix is not None and self.k and self.drafter else None
         self.pub.send(encode(M.Drafts(b, self.step, rids, new_reqs, self.removed[b], desc, t0, t1, self.k,
-                                      self.leased[b])))
+                                      self.leased[b], src)))  # src: each row's draft source (suffix drafts)
         self.removed[b] = []
         self.outstanding[b] = True
         self.step += 1

@@ -22,7 +22,7 @@ import time
 import torch
 from torch import nn
 
-from ..config import SELF_PREFIX as PREFIX, SELF_SCHEMES as SCHEMES, parse_draft
+from ..config import SELF_PREFIX as PREFIX, SELF_SCHEMES as SCHEMES, self_scheme
 
 GROUP = 32  # input columns per scale/offset; 32 measured best for acceptance at equal speed (BENCHMARKS.md)
 
@@ -133,10 +133,10 @@ def load_draft(draft: str, target: str, kv_cache_tokens: int, block_size: int = 
                dtype="float32"):
     """The drafter's runner for the draft option: a model folder, or a self-draft built from the target's folder."""
     from .model_runner import ModelRunner
-    kind, value = parse_draft(draft)
-    if kind == "self":
-        return load_self_draft(target, value, kv_cache_tokens, block_size, device)
-    return ModelRunner.from_pretrained(value, kv_cache_tokens, block_size, device, dtype)
+    scheme = self_scheme(draft)
+    if scheme is not None:
+        return load_self_draft(target, scheme, kv_cache_tokens, block_size, device)
+    return ModelRunner.from_pretrained(draft, kv_cache_tokens, block_size, device, dtype)
 
 
 def model_info(runner) -> dict:

@@ -117,7 +117,9 @@ class VerifierProcess(_Worker):
         t1 = time.monotonic()
         left = [r.rid for r in results if r.finish_reason is None] if m.lease else []
         more = bool(left) and self._lease_holds()
-        verdict = M.Verdict(m.batch, m.step, results, t0, t1, prefill, draft_t0, draft_t1, m.k, more)
+        # suffix/hybrid: each row's draft source (rows in m's order: this is the drafts message's first step)
+        src = m.src if m.src is not None and any(drafts) else None
+        verdict = M.Verdict(m.batch, m.step, results, t0, t1, prefill, draft_t0, draft_t1, m.k, more, src=src)
         out = encode(verdict)
         self.status.send(out)
         feats = None

@@ -8,6 +8,8 @@ prompts. Skipped, with the reason, when the pair has not been pulled (CI pulls i
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
@@ -113,3 +115,24 @@ def test_draft_is_accepted_on_held_out_chat_prompts(pair, tok):
     res = eng.generate(held, SamplingParams(max_tokens=48))
     acc = sum(r.stats.accepted_tokens for r in res) / sum(r.stats.draft_tokens for r in res)
     assert acc >= 0.1, f"acceptance {acc:.3f} on held-out chat prompts"
+
+
+# -- suffix drafts and the hybrid: the same identity, two waves (own text, then the global index too) ----------
+
+@pytest.mark.parametrize("draft,mode", [("suffix", "minedraft"), ("suffix", "sequential"),
+                                        ("hybrid", "minedraft")])
+async def test_suffix_greedy_equals_transformers_generate(pair, prompts, hf_reference, draft, mode):
+    d = "suffix" if draft == "suffix" else f"suffix+{pair[1]}"
+    cfg = EngineConfig(target=pair[0], draft=d, mode=mode, k=6, max_prompt_tokens=256, max_tokens_limit=64,
+                       kv_cache_tokens=8192, max_batch_size=8)
+    async with Engine(cfg) as engine:
+        res = []
+        for _ in range(2):  # the second wave also drafts from the first one's answers (the global index)
+            res += await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=MAX_TOKENS))
+                                          for p in prompts))
+        st = engine.stats()
+    for i, (r, want) in enumerate(zip(res, hf_reference * 2)):
+        assert r.token_ids == want, f"prompt {i % len(prompts)} (wave {i // len(prompts)}) differs"
+    assert st["accepted_by_source"].get("suffix", 0) > 20
+    if draft == "hybrid":
+        assert st["drafted_by_source"].get("model", 0) > 0

@@ -57,6 +57,15 @@ class _EngineCollector:
         yield drafted
         yield accepted
         yield rate
+        by_src = CounterMetricFamily("minedraft_source_drafted", "Draft tokens proposed by draft source (suffix "
+                                     "drafts: suffix, or model for a hybrid's model rows)", labels=["source"])
+        acc_src = CounterMetricFamily("minedraft_source_accepted", "Draft tokens accepted by draft source",
+                                      labels=["source"])
+        for src, d in sorted(s["drafted_by_source"].items()):
+            by_src.add_metric([src], d)
+            acc_src.add_metric([src], s["accepted_by_source"].get(src, 0))
+        yield by_src
+        yield acc_src
 
 
 class Metrics:
