@@ -16,6 +16,7 @@ from ..errors import InvalidRequestError
 from ..outputs import GenerationResult
 from .request_state import RequestState, make_request
 from ..models.check import eos_ids
+from ..spec.controls import Controls
 from ..workers.drafter import Drafter
 from ..workers.model_runner import ModelRunner
 from ..workers.self_draft import load_draft
@@ -32,13 +33,15 @@ class LocalEngine:
         self.max_draft = cfg.max_draft  # k, or k + tetris_extra with Tetris
         self.target = ModelRunner.from_pretrained(cfg.target, cfg.kv_cache_tokens, cfg.block_size, device, cfg.dtype)
         self.drafter = None
+        eos = eos_ids(self.target.config, self.tokenizer)
         if self.k:
             ddev = "cpu" if cfg.draft_device == "auto" else cfg.draft_device
             self.draft = load_draft(cfg.draft, cfg.target, cfg.kv_cache_tokens, cfg.block_size, ddev, cfg.dtype)
             if self.draft.vocab_size != self.target.vocab_size:
                 raise ValueError("draft and target vocabularies differ; they must share a tokenizer")
-            self.drafter = Drafter(self.draft, self.max_draft)
-        self.verifier = Verifier(self.target, self.max_draft, eos_ids(self.target.config, self.tokenizer),
+            # output controls see the target's tokenizer and eos ids on both sides (spec/controls.py)
+            self.drafter = Drafter(self.draft, self.max_draft, Controls(self.target.vocab_size, eos, cfg.target))
+        self.verifier = Verifier(self.target, self.max_draft, eos, tokenizer_dir=cfg.target,
                                  features=bool(self.drafter and self.drafter.features))
         self._ids = itertools.count()
 

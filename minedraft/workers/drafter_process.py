@@ -19,7 +19,9 @@ class DrafterProcess(_Worker):
         from .drafter import Drafter
         spec, a = self.spec, self.spec.addr
         self.runner = self.load(spec.draft) if spec.k else None
-        self.drafter = Drafter(self.runner, spec.max_draft) if self.runner else None
+        from ..spec.controls import Controls  # grammars see the target's tokenizer and eos ids, as the verifier's
+        self.drafter = Drafter(self.runner, spec.max_draft, Controls(self.runner.vocab_size, spec.eos, spec.target)
+                               ) if self.runner else None
         self.cmd = self.ctx.socket(zmq.PULL)
         self.cmd.connect(a.cmd)
         self.verdicts = self.ctx.socket(zmq.PULL)
