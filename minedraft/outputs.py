@@ -38,10 +38,16 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str          # "stop" | "length" | "abort"
     stats: RequestStats = field(default_factory=RequestStats)
+    # with SamplingParams(logprobs=N): per token of token_ids [logprob, [[id, logprob], ...N most likely]] under the
+    # target's raw distribution (spec/logprobs.py)
+    logprobs: list | None = None
 
     def to_dict(self) -> dict:
-        return {"request_id": self.request_id, "text": self.text, "token_ids": list(self.token_ids),
-                "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+        d = {"request_id": self.request_id, "text": self.text, "token_ids": list(self.token_ids),
+             "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+        if self.logprobs is not None:
+            d["logprobs"] = self.logprobs
+        return d
 
 
 @dataclass
@@ -52,3 +58,4 @@ class StreamDelta:
     finished: bool = False
     finish_reason: str | None = None
     stats: RequestStats | None = None  # set on the final delta
+    logprobs: list | None = None       # with SamplingParams(logprobs=N): one entry per token of token_ids

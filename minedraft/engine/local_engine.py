@@ -16,6 +16,7 @@ from ..errors import InvalidRequestError
 from ..outputs import GenerationResult
 from .request_state import RequestState, make_request
 from ..models.check import eos_ids
+from ..spec.controls import Controls
 from ..workers.model_runner import ModelRunner
 from ..workers.self_draft import load_draft
 from ..workers.suffix_drafter import make_drafter
@@ -32,15 +33,18 @@ class LocalEngine:
         self.max_draft = cfg.max_draft  # k, or k + tetris_extra with Tetris
         self.target = ModelRunner.from_pretrained(cfg.target, cfg.kv_cache_tokens, cfg.block_size, device, cfg.dtype)
         self.drafter = self.draft = None
+        eos = eos_ids(self.target.config, self.tokenizer)
         if self.k and cfg.draft_model:  # draft="suffix" needs no draft model
             ddev = "cpu" if cfg.draft_device == "auto" else cfg.draft_device
             self.draft = load_draft(cfg.draft_model, cfg.target, cfg.kv_cache_tokens, cfg.block_size, ddev, cfg.dtype)
             if self.draft.vocab_size != self.target.vocab_size:
                 raise ValueError("draft and target vocabularies differ; they must share a tokenizer")
         if self.k:
+            # output controls see the target's tokenizer and eos ids on both sides (spec/controls.py)
             self.drafter = make_drafter(self.draft, self.max_draft,
-                                        (cfg.suffix_options or {}) if cfg.suffix_drafts else None, cfg.hybrid_threshold)
-        self.verifier = Verifier(self.target, self.max_draft, eos_ids(self.target.config, self.tokenizer),
+                                        (cfg.suffix_options or {}) if cfg.suffix_drafts else None, cfg.hybrid_threshold,
+                                        Controls(self.target.vocab_size, eos, cfg.target))
+        self.verifier = Verifier(self.target, self.max_draft, eos, tokenizer_dir=cfg.target,
                                  features=bool(self.drafter and self.drafter.features))
         self._ids = itertools.count()
 

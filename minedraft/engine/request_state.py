@@ -38,6 +38,9 @@ def make_request(rid: int, prompt, params: SamplingParams | dict | None, tokeniz
     if len(ids) > config.max_prompt_tokens:
         raise InvalidRequestError(f"prompt has {len(ids)} tokens; max_prompt_tokens is {config.max_prompt_tokens}",
                                   "prompt")
+    if params.logit_bias and params.logit_bias[-1][0] >= vocab_size:
+        raise InvalidRequestError(f"logit_bias token id {params.logit_bias[-1][0]} is not in the vocabulary "
+                                  f"[0, {vocab_size})", "logit_bias")
     if params.max_tokens > config.max_tokens_limit:
         raise InvalidRequestError(f"max_tokens={params.max_tokens} exceeds the engine's limit "
                                   f"{config.max_tokens_limit}", "max_tokens")
@@ -52,6 +55,7 @@ class RequestState:
         self.stats = RequestStats(prompt_tokens=len(req.prompt_ids))
         self.arrival = time.perf_counter()
         self.finish_reason: str | None = None
+        self.logprobs: list | None = [] if req.params.logprobs is not None else None
 
     @property
     def finished(self) -> bool:
@@ -80,8 +84,12 @@ class RequestState:
         reason = "stop" if self.detok.stopped else r.finish_reason
         if reason:
             self.finish(reason)
+        lps = None
+        if self.logprobs is not None:  # one per token kept (a stop string may cut the step's tokens short)
+            lps = list(r.logprobs or [])[:len(new_ids)]
+            self.logprobs += lps
         return StreamDelta(self.request_id, text, new_ids, self.finished, self.finish_reason,
-                           self.stats if self.finished else None)
+                           self.stats if self.finished else None, lps)
 
     def finish(self, reason: str) -> None:
         if self.finish_reason is None:
@@ -90,4 +98,4 @@ class RequestState:
 
     def result(self) -> GenerationResult:
         return GenerationResult(self.request_id, self.detok.text, list(self.detok.ids),
-                                self.finish_reason or "abort", self.stats)
+                                self.finish_reason or "abort", self.stats, self.logprobs)

@@ -93,6 +93,9 @@ class StepResult(_Msg):
     num_drafted: int
     num_accepted: int
     finish_reason: str | None    # "stop" | "length" | None (still running)
+    # with SamplingParams.logprobs: per new token [logprob, [[id, logprob], ...]] under the target's raw law
+    # (spec/logprobs.py); None unless the request asked
+    logprobs: list | None = None
 
 
 class DraftsDesc(_Msg):

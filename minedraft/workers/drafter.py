@@ -16,6 +16,7 @@ import torch
 
 from ..spec import tetris
 from ..spec.batch_sampling import RowParams, sample_draft_step
+from ..spec.controls import Controls, RowControl, process_rows
 from ..sampling_params import SamplingParams
 from .model_runner import ModelRunner
 from ..ipc.messages import NewRequest
@@ -30,25 +31,32 @@ class _DraftSeq:
     rounds: int = 0        # verdicts applied: a redraft of a position draws fresh numbers
     feats: torch.Tensor | None = None  # feature-conditioned draft: target features not yet fed, from the one
     #                                    before the first unfed token (a zero row stands before token 0)
+    ctl: RowControl | None = None      # penalties / logit bias / grammar (spec/controls.py), None without
 
 
 class Drafter:
-    def __init__(self, runner: ModelRunner, max_draft: int):
-        """max_draft: the most drafts a row may get in one step (k + Tetris extra); the cache reserves for it."""
+    def __init__(self, runner: ModelRunner, max_draft: int, controls: Controls | None = None):
+        """max_draft: the most drafts a row may get in one step (k + Tetris extra); the cache reserves for it.
+        controls: builds requests' output controls (the same as the verifier's: eos ids, tokenizer)."""
         self.runner, self.max_draft = runner, max_draft
+        self.controls = controls or Controls(runner.vocab_size, (), None)
         self.seqs: dict[int, _DraftSeq] = {}
         self.features = runner.fc is not None  # the verifier must send its features with each verdict
 
     def add(self, req: NewRequest) -> None:
         self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_draft))
         s = _DraftSeq(list(req.prompt_ids), req.params, req.seed)
+        s.ctl = self.controls.make(req.params, s.tokens)
         if self.features:
             s.feats = torch.zeros(1, self.runner.fc.in_features - self.runner.hidden_size,
                                   dtype=self.runner.dtype, device=self.runner.device)
         self.seqs[req.rid] = s
 
     def _ready(self, rid: int, s: _DraftSeq) -> bool:
-        """A feature-conditioned draft needs a feature for every unfed token (the verifier's come a step later)."""
+        """Whether the row drafts this step: not with a per-request budget of 0 (SamplingParams.max_drafts),
+        and a feature-conditioned draft needs a feature for every unfed token (the verifier's come a step later)."""
+        if s.params.max_drafts == 0:
+            return False
         return not self.features or s.feats.shape[0] >= len(s.tokens) - self.runner.cache.length(rid)
 
     def remove(self, rid: int) -> None:
@@ -64,7 +72,7 @@ class Drafter:
         if not k:
             return [[] for _ in rids], None
         ready = [i for i, r in enumerate(rids) if self._ready(r, self.seqs[r])]
-        if len(ready) < len(rids):  # rows still waiting for their features draft nothing this step
+        if len(ready) < len(rids):  # rows without a budget or still waiting for features draft nothing
             sub, q = self.draft([rids[i] for i in ready], k, capacity) if ready else ([], None)
             drafts = [[] for _ in rids]
             for i, d in zip(ready, sub):
@@ -86,6 +94,8 @@ class Drafter:
             feats = [s.feats[:len(f)] for s, f in zip(seqs, feed)]
             for s, f in zip(seqs, feed):
                 s.feats = s.feats[len(f):]
+        ctls = [s.ctl for s in seqs]
+        controlled = any(c is not None for c in ctls)
         toks, qs, confs = [], [], []
         for i in range(k):
             if feats is None:
@@ -94,17 +104,32 @@ class Drafter:
                 logits, states = self.runner.forward(rids, feed, 1, features=feats, hidden=True)
                 logits = logits[:, 0]
                 feats = [h[-1:] for h in states]  # its guess of the target's feature, before the next draft
+            if controlled:  # this position's penalties / mask, from the history and the drafts before it
+                logits = process_rows(logits, ctls)
             tok, q, conf = sample_draft_step(logits, rp, pos + i, draw)
             toks.append(tok)
             qs.append(q)
             confs.append(conf)
             feed = [[t] for t in tok.tolist()]  # the one sync per draft position, for the whole batch
+            if controlled:
+                for c, f in zip(ctls, feed):
+                    if c is not None:
+                        c.push(f)
+        tok = torch.stack(toks, 1)
+        if controlled:  # back to the verified history: a draft leaves no trace in the controls
+            for c, row in zip(ctls, tok.tolist()):
+                if c is not None:
+                    c.pop(row)
         for s in seqs:
             s.drafted_from = len(s.tokens)
-        tok = torch.stack(toks, 1)
-        counts = [k] * len(rids)
+        budget = [k if s.params.max_drafts is None else min(k, s.params.max_drafts) for s in seqs]
+        counts = budget
         if capacity is not None:
-            counts = tetris.select(tetris.scores(torch.stack(confs, 1)), capacity).tolist()
+            conf = torch.stack(confs, 1)
+            if min(budget) < k:  # positions past a row's budget rank last: the capacity goes to other rows
+                j = torch.arange(k, device=conf.device)[None, :]
+                conf = conf.masked_fill(j >= torch.tensor(budget, device=conf.device)[:, None], float("-inf"))
+            counts = [min(c, b) for c, b in zip(tetris.select(tetris.scores(conf), capacity).tolist(), budget)]
         kept = max(counts)
         drafts = [row[:c] for row, c in zip(tok.tolist(), counts)]
         q = torch.stack(qs, 1)[:, :kept] if qs[0] is not None and kept else None
@@ -118,6 +143,8 @@ class Drafter:
         s = self.seqs[rid]
         s.tokens.extend(new_tokens)
         s.rounds += 1
+        if s.ctl is not None:
+            s.ctl.push(new_tokens)
         if self.features:
             if features is None:
                 raise RuntimeError("a feature-conditioned draft needs the verifier's features with each verdict")

@@ -20,7 +20,10 @@ class DrafterProcess(_Worker):
         spec, a = self.spec, self.spec.addr
         # draft="suffix" loads no model (spec.draft None); "suffix+<model>" loads the model as usual
         self.runner = self.load(spec.draft) if spec.k and spec.draft else None
-        self.drafter = make_drafter(self.runner, spec.max_draft, spec.suffix, spec.hybrid_threshold) if spec.k else None
+        from ..spec.controls import Controls  # grammars see the target's tokenizer and eos ids, as the verifier's
+        self.drafter = make_drafter(self.runner, spec.max_draft, spec.suffix, spec.hybrid_threshold,
+                                    Controls(self.runner.vocab_size if self.runner else 0, spec.eos, spec.target)
+                                    ) if spec.k else None
         self.cmd = self.ctx.socket(zmq.PULL)
         self.cmd.connect(a.cmd)
         self.verdicts = self.ctx.socket(zmq.PULL)

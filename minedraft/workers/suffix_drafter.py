@@ -29,14 +29,18 @@ class SuffixDrafter:
         self.max_k, self.model, self.threshold = max_k, model, threshold
         self.index = SuffixIndex(cfg)
         self.sources: list[str] = []
+        self.budgets: dict[int, int] = {}  # rows with a per-request draft budget (SamplingParams.max_drafts)
 
     def add(self, req: NewRequest) -> None:
         self.index.add(req.rid, req.prompt_ids)
+        if req.params.max_drafts is not None:
+            self.budgets[req.rid] = req.params.max_drafts
         if self.model:
             self.model.add(req)
 
     def remove(self, rid: int) -> None:
         self.index.remove(rid)  # its output joins the global index
+        self.budgets.pop(rid, None)
         if self.model:
             self.model.remove(rid)
 
@@ -52,7 +56,7 @@ class SuffixDrafter:
             raise ValueError("Tetris selection needs a model draft's confidences; suffix drafts do not take it")
         k = min(k, self.max_k)
         props = self.index.propose(rids, k)
-        drafts = [p.tokens for p in props]
+        drafts = [p.tokens[:self.budgets.get(r, k)] for p, r in zip(props, rids)]
         self.sources = ["suffix" if d else "" for d in drafts]
         if not self.model or not k:
             return drafts, None
@@ -76,11 +80,13 @@ class SuffixDrafter:
         return drafts, full
 
 
-def make_drafter(runner, max_k: int, suffix: dict | None, threshold: float = 1.0):
+def make_drafter(runner, max_k: int, suffix: dict | None, threshold: float = 1.0, controls=None):
     """The drafter for a configuration: a model Drafter (runner only), a SuffixDrafter (suffix options only) or
-    the hybrid (both); None when there is neither (no drafting)."""
+    the hybrid (both); None when there is neither (no drafting). `controls` (spec/controls.py) apply the
+    requests' output controls to the model's drafts; a suffix draft needs none: its q is one-hot, so the
+    verifier's controlled target law alone decides it."""
     from .drafter import Drafter
-    model = Drafter(runner, max_k) if runner is not None else None
+    model = Drafter(runner, max_k, controls) if runner is not None else None
     if suffix is None:
         return model
     return SuffixDrafter(max_k, SuffixConfig(**suffix), model, threshold)

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..spec.batch_sampling import RowParams, verify_batch
+from ..spec.batch_sampling import RowParams, take_rows, verify_batch
+from ..spec.controls import Controls, RowControl, process_positions
+from ..spec.logprobs import token_logprobs
 from ..sampling_params import SamplingParams
 from .model_runner import ModelRunner
 from ..ipc.messages import NewRequest, StepResult
@@ -19,15 +21,18 @@ class _VerifySeq:
     params: SamplingParams
     seed: int
     stop_ids: frozenset[int]
+    ctl: RowControl | None = None  # penalties / logit bias / grammar (spec/controls.py), None without
 
 
 class Verifier:
-    def __init__(self, runner: ModelRunner, max_draft: int, eos_token_ids: list[int], features: bool = False):
+    def __init__(self, runner: ModelRunner, max_draft: int, eos_token_ids: list[int], features: bool = False,
+                 tokenizer_dir: str | None = None):
         """max_draft: the most drafts a row may carry in one step (k + Tetris extra); the cache reserves for it.
         features: keep the target's features of the kept positions of each result in last_features (the draft
-        is feature-conditioned, workers/drafter.py)."""
+        is feature-conditioned, workers/drafter.py). tokenizer_dir: where structured output finds the tokenizer."""
         self.runner, self.max_draft, self.features = runner, max_draft, features
         self.eos = frozenset(eos_token_ids)
+        self.controls = Controls(runner.vocab_size, eos_token_ids, tokenizer_dir)
         self.seqs: dict[int, _VerifySeq] = {}
         # per result row of the last verify(): its features ([n, H] tensor; None when finished or not features);
         # tensors stay out of StepResult, which is a message
@@ -37,7 +42,8 @@ class Verifier:
         self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_draft))
         p = req.params
         stop = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos)
-        self.seqs[req.rid] = _VerifySeq(list(req.prompt_ids), len(req.prompt_ids), p, req.seed, stop)
+        s = self.seqs[req.rid] = _VerifySeq(list(req.prompt_ids), len(req.prompt_ids), p, req.seed, stop)
+        s.ctl = self.controls.make(p, s.tokens)
 
     def remove(self, rid: int) -> None:
         self.seqs.pop(rid, None)
@@ -65,13 +71,23 @@ class Verifier:
         pad = torch.tensor([d + [0] * (K - len(d)) for d in drafts], dtype=torch.long, device=dev).view(len(rids), K)
         rp = RowParams.of([s.params for s in seqs], [s.seed for s in seqs], dev)
         pos0 = torch.tensor([len(s.tokens) for s in seqs], dtype=torch.long, device=dev)
-        ns, toks = verify_batch(rows, pad, counts_t, q, rp, pos0, index)  # copies the logits once at most
+        ctls = [s.ctl for s in seqs]
+        if any(c is not None for c in ctls):  # each position's controls, from the history and drafts before it
+            logits = process_positions(take_rows(rows, index), ctls, drafts)
+            ns, toks = verify_batch(logits, pad, counts_t, q, rp, pos0)
+        else:
+            ns, toks = verify_batch(rows, pad, counts_t, q, rp, pos0, index)  # copies the logits once at most
         results = []
         self.last_features = feats_out = []
         for i, (rid, s, d, c, n, tok) in enumerate(zip(rids, seqs, drafts, counts, ns, toks)):
             new, reason = self._cut(s, d[:n] + [tok])
             s.tokens.extend(new)
             results.append(StepResult(rid, new, c, n, reason))
+            if s.params.logprobs is not None:  # the target's raw law at each emitted position
+                results[-1].logprobs = token_logprobs(rows.index_select(0, index[i, :len(new)]), new,
+                                                      s.params.logprobs)
+            if s.ctl is not None and not reason:
+                s.ctl.push(new)
             # the unverified tail and the accepted drafts
             feats_out.append(states[i][:len(feed[i]) - c + n] if states is not None and not reason else None)
             if reason:

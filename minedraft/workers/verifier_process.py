@@ -21,7 +21,8 @@ class VerifierProcess(_Worker):
         from .verifier import Verifier
         spec, a = self.spec, self.spec.addr
         self.runner = self.load(spec.target)
-        self.verifier = Verifier(self.runner, spec.max_draft, spec.eos, features=spec.features)
+        self.verifier = Verifier(self.runner, spec.max_draft, spec.eos, features=spec.features,
+                                 tokenizer_dir=spec.target)
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.setsockopt(zmq.RCVHWM, 0)

@@ -26,6 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ...errors import EngineDeadError, InvalidRequestError, OverloadedError
+from . import controls as ctl
 from . import openai_api as oa
 from .metrics import CONTENT_TYPE, Metrics
 
@@ -110,6 +111,17 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
         max_body_bytes = body_limit_for(engine.config.max_prompt_tokens)
     metrics = Metrics(engine)
     created = int(time.time())
+    token_text = None  # logprobs' token strings, once a request asks for them (the engine has its tokenizer then)
+
+    def logprobs_of(ids: list[int], lps: list | None, chat: bool, offset0: int = 0) -> dict | None:
+        nonlocal token_text
+        if lps is None:
+            return None
+        if token_text is None:
+            token_text = ctl.TokenText(engine.tokenizer)
+        if chat:
+            return ctl.chat_logprobs(token_text, ids, lps)
+        return ctl.completion_logprobs(token_text, ids, lps, offset0)
 
     def check_key(request: Request) -> None:
         if api_key is None:
@@ -164,7 +176,8 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             res = await _until_disconnect(request, run(req.prompt, req.params, request_id=rid))
         except (InvalidRequestError, OverloadedError, EngineDeadError) as e:
             raise _engine_error(e, req, chat) from None
-        return JSONResponse((oa.chat_completion if chat else oa.completion)(rid, req.model, res))
+        return JSONResponse((oa.chat_completion if chat else oa.completion)(
+            rid, req.model, res, logprobs_of(res.token_ids, res.logprobs, chat)))
 
     async def _stream(request: Request, deltas, rid: str, req: oa.ParsedRequest, chat: bool):
         # Wait for the first delta before answering, so a refused request (400/429/503) gets its status code
@@ -180,11 +193,18 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
         t = int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
 
+        pending: list = [[], []]  # token ids and logprobs not yet in a chunk (a delta without text has no chunk)
+        offset = [0]
+
         def chunk(d) -> dict:
             reason = d.finish_reason if d.finished else None
+            lp = logprobs_of(pending[0], pending[1], chat, offset[0]) if req.params.logprobs is not None else None
+            if lp is not None and not chat:
+                offset[0] += sum(map(len, lp["tokens"]))
+            pending[0], pending[1] = [], []
             if chat:
-                return oa.chat_chunk(rid, req.model, t, {"content": d.text} if d.text else {}, reason)
-            return oa.completion_chunk(rid, req.model, t, d.text, reason)
+                return oa.chat_chunk(rid, req.model, t, {"content": d.text} if d.text else {}, reason, lp)
+            return oa.completion_chunk(rid, req.model, t, d.text, reason, lp)
 
         async def events():
             def ev(obj_: dict) -> ServerSentEvent:
@@ -195,6 +215,8 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
                     yield ev(oa.chat_chunk(rid, req.model, t, {"role": "assistant", "content": ""}, None))
                 d = first
                 while True:
+                    pending[0] += d.token_ids
+                    pending[1] += d.logprobs or []
                     if d.text or d.finished:
                         yield ev(chunk(d))
                     if d.finished:

@@ -1,7 +1,7 @@
 """OpenAI request bodies -> (prompt, SamplingParams), and engine output -> OpenAI response and chunk objects.
 
-Only what minedraft can honour is accepted: a field that asks for something it does not do (n > 1, logprobs,
-penalties, tools, ...) is refused with a 400 naming it, rather than silently ignored, and so is a field this
+Only what minedraft can honour is accepted: a field that asks for something it does not do (n > 1, tools,
+echo, ...) is refused with a 400 naming it, rather than silently ignored, and so is a field this
 module does not know (as OpenAI does: a misspelt or newer option must not pass as honoured). Fields that never
 change the output (user, metadata, store, ...) are accepted and ignored.
 """
@@ -19,6 +19,7 @@ from ... import errors
 from ...errors import InvalidRequestError
 from ...outputs import GenerationResult, RequestStats
 from ...sampling_params import MAX_STOP_STRINGS, SamplingParams
+from . import controls as ctl
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -40,13 +41,11 @@ def invalid(message: str, param: str | None = None) -> APIError:
 
 
 # fields that would change the output in ways minedraft does not implement, with the value that is harmless
-_UNSUPPORTED = {"best_of": (None, 1), "echo": (None, False), "logprobs": (None, False, 0), "top_logprobs": (None, 0),
-                "suffix": (None, ""), "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-                "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
-                "response_format": (None, {"type": "text"}), "function_call": (None, "none"),
+_UNSUPPORTED = {"best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "tools": (None, []),
+                "functions": (None, []), "tool_choice": (None, "none"), "function_call": (None, "none"),
                 "modalities": (None, ["text"]),
                 # vLLM-style extensions, accepted at the values that change nothing
-                "repetition_penalty": (None, 1, 1.0), "min_p": (None, 0, 0.0), "min_tokens": (None, 0),
+                "min_p": (None, 0, 0.0), "min_tokens": (None, 0),
                 "skip_special_tokens": (None, True), "include_stop_str_in_output": (None, False)}
 
 
@@ -57,7 +56,7 @@ _ENDPOINT_FIELDS = {"completion": {"prompt"}, "chat": {"messages", "max_completi
 # accepted and ignored: they never change the output (parallel_tool_calls only matters with tools, refused)
 _IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
             "prompt_cache_retention", "prompt_cache_options", "safety_identifier"}
-_KNOWN = _HONOURED | _IGNORED | set(_UNSUPPORTED)
+_KNOWN = _HONOURED | _IGNORED | set(_UNSUPPORTED) | ctl.FIELDS  # ctl: output controls (serving/http/controls.py)
 _STREAM_OPTIONS = {"include_usage", "include_obfuscation"}  # obfuscation pads chunks; it never changes the text
 
 
@@ -126,15 +125,19 @@ def _common(body: dict, served: str, default_max_tokens: int, endpoint: str) -> 
     include_usage = _get(opts, "include_usage", bool, False)
     stop_ids = _get(body, "stop_token_ids", list, [])
     try:
+        extra = ctl.control_kwargs(body, endpoint == "chat")
+    except ctl.BadField as e:
+        raise invalid(str(e), e.param) from None
+    try:
         params = SamplingParams(
             temperature=_get(body, "temperature", (int, float), 1.0),  # OpenAI's default
             top_p=_get(body, "top_p", (int, float), 1.0),
             top_k=0 if top_k == -1 else top_k,  # -1 also means "off" in vLLM's extension
             max_tokens=max_tokens, stop=tuple(s for s in stop if s), stop_token_ids=stop_ids,
-            seed=_get(body, "seed", int), ignore_eos=_get(body, "ignore_eos", bool, False))
+            seed=_get(body, "seed", int), ignore_eos=_get(body, "ignore_eos", bool, False), **extra)
     except InvalidRequestError as e:
-        raise invalid(str(e).replace("invalid SamplingParams: ", ""),
-                      max_name if e.param == "max_tokens" else e.param) from None
+        param = max_name if e.param == "max_tokens" else ctl.PARAM_NAMES.get(e.param, e.param)
+        raise invalid(str(e).replace("invalid SamplingParams: ", ""), param) from None
     return ParsedRequest(None, params, stream, include_usage, model, max_name)
 
 
@@ -160,7 +163,8 @@ def parse_chat(body: dict, served: str, default_max_tokens: int) -> ParsedReques
 def engine_refusal(e: InvalidRequestError, req: ParsedRequest, chat: bool) -> APIError:
     """The engine's InvalidRequestError as a 400 naming the field in the client's terms (a chat's prompt is its
     messages; max_tokens is whichever name the client used)."""
-    param = {"prompt": "messages" if chat else "prompt", "max_tokens": req.max_name}.get(e.param, e.param)
+    param = {"prompt": "messages" if chat else "prompt", "max_tokens": req.max_name,
+             **ctl.PARAM_NAMES}.get(e.param, e.param)
     return invalid(str(e), param)
 
 
@@ -239,27 +243,29 @@ def finish(reason: str | None) -> str | None:
     return {"stop": "stop", "length": "length"}.get(reason, reason)
 
 
-def completion(rid: str, model: str, r: GenerationResult) -> dict:
+def completion(rid: str, model: str, r: GenerationResult, logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": r.text, "logprobs": None, "finish_reason": finish(r.finish_reason)}],
+            "choices": [{"index": 0, "text": r.text, "logprobs": logprobs, "finish_reason": finish(r.finish_reason)}],
             "usage": usage(r.stats)}
 
 
-def chat_completion(rid: str, model: str, r: GenerationResult) -> dict:
+def chat_completion(rid: str, model: str, r: GenerationResult, logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": logprobs,
                          "finish_reason": finish(r.finish_reason)}],
             "usage": usage(r.stats)}
 
 
-def completion_chunk(rid: str, model: str, created: int, text: str, reason: str | None) -> dict:
+def completion_chunk(rid: str, model: str, created: int, text: str, reason: str | None,
+                     logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish(reason)}]}
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish(reason)}]}
 
 
-def chat_chunk(rid: str, model: str, created: int, delta: dict, reason: str | None) -> dict:
+def chat_chunk(rid: str, model: str, created: int, delta: dict, reason: str | None,
+               logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish(reason)}]}
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish(reason)}]}
 
 
 def usage_chunk(rid: str, model: str, created: int, obj: str, st: RequestStats | None) -> dict:

@@ -273,12 +273,18 @@ def error_reply(id, code: str, message: str, re: str | None = None) -> dict:
 
 
 def result_reply(id: str, res: GenerationResult) -> dict:
-    return {"v": VERSION, "t": "result", "id": id, "text": res.text, "token_ids": list(res.token_ids),
-            "finish_reason": res.finish_reason, "stats": res.stats.to_dict()}
+    msg = {"v": VERSION, "t": "result", "id": id, "text": res.text, "token_ids": list(res.token_ids),
+           "finish_reason": res.finish_reason, "stats": res.stats.to_dict()}
+    if res.logprobs is not None:  # only when asked for (params.logprobs): older clients never see the key
+        msg["logprobs"] = res.logprobs
+    return msg
 
 
-def delta_reply(id: str, text: str, token_ids) -> dict:
-    return {"v": VERSION, "t": "delta", "id": id, "text": text, "token_ids": list(token_ids)}
+def delta_reply(id: str, text: str, token_ids, logprobs: list | None = None) -> dict:
+    msg = {"v": VERSION, "t": "delta", "id": id, "text": text, "token_ids": list(token_ids)}
+    if logprobs is not None:
+        msg["logprobs"] = logprobs
+    return msg
 
 
 def done_reply(id: str, finish_reason: str, stats: RequestStats | None) -> dict:
@@ -294,10 +300,10 @@ def stats_from_dict(d: dict | None) -> RequestStats:
 
 def result_from_reply(msg: dict) -> GenerationResult:
     return GenerationResult(msg["id"], msg.get("text", ""), list(msg.get("token_ids", [])),
-                            msg.get("finish_reason", "abort"), stats_from_dict(msg.get("stats")))
+                            msg.get("finish_reason", "abort"), stats_from_dict(msg.get("stats")), msg.get("logprobs"))
 
 
 def delta_from_reply(msg: dict) -> StreamDelta:
     if msg["t"] == "done":
         return StreamDelta(msg["id"], "", [], True, msg.get("finish_reason"), stats_from_dict(msg.get("stats")))
-    return StreamDelta(msg["id"], msg.get("text", ""), list(msg.get("token_ids", [])))
+    return StreamDelta(msg["id"], msg.get("text", ""), list(msg.get("token_ids", [])), logprobs=msg.get("logprobs"))

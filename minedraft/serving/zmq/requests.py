@@ -173,7 +173,8 @@ class Requests:
             e.started = True
             async with contextlib.aclosing(self.engine.stream(req.prompt, req.params, request_id=e.name)) as it:
                 async for d in it:
-                    if (d.text or d.token_ids) and not self._send(ident, P.delta_reply(e.id, d.text, d.token_ids)):
+                    reply = P.delta_reply(e.id, d.text, d.token_ids, d.logprobs)
+                    if (d.text or d.token_ids) and not self._send(ident, reply):
                         self._forget(ident, e)
                         return  # client gone: closing the stream aborts the request in the engine
                     if d.finished:

@@ -222,7 +222,7 @@ def _error(r, status, type_=None):
     ({"prompt": PROMPT, "seed": -3}, "seed"),
     ({"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
     ({"prompt": PROMPT, "max_tokens": 100000}, "max_tokens"),    # over the engine's limit: the engine refuses
-    ({"prompt": PROMPT, "logprobs": 3}, "logprobs"),
+    ({"prompt": PROMPT, "logprobs": 30}, "logprobs"),
     ({"prompt": 42}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": [10 ** 9]}, "prompt"),                          # a token id outside the vocabulary
@@ -232,7 +232,7 @@ def _error(r, status, type_=None):
     ([1, 2], None),
     # fields it does not know are refused, not ignored: they may ask for something it does not do
     ({"prompt": PROMPT, "min_p": 0.1}, "min_p"),
-    ({"prompt": PROMPT, "repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"prompt": PROMPT, "repetition_penalty": -1.2}, "repetition_penalty"),
     ({"prompt": PROMPT, "min_tokens": 4}, "min_tokens"),
     ({"prompt": PROMPT, "max_token": 4}, "max_token"),
     ({"prompt": PROMPT, "messages": [{"role": "user", "content": "x"}]}, "messages"),  # the other endpoint's
