@@ -132,6 +132,20 @@ def test_own_prompt_is_matched_from_the_first_step(tiny_pair):
     assert len(drafts[0]) >= 5 and drafts[0] == x[6:6 + len(drafts[0])]  # cut where the estimate falls below 0.3
 
 
+@pytest.mark.parametrize("budget", [0, 2])
+def test_a_per_request_draft_budget_caps_suffix_drafts(tiny_pair, budget):
+    eng = LocalEngine(_cfg(tiny_pair, mode="sequential", k=8))
+    x = list(range(30, 50))
+    from collections import deque
+
+    from minedraft.engine.request_state import RequestState, make_request
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, draft_budget=budget)
+    st = RequestState("0", make_request(0, x + x[:6], params, eng.tokenizer, eng.config, 5000), eng.tokenizer)
+    eng._admit(deque([st]), {})
+    drafts, _ = eng.drafter.draft([0], 8)
+    assert len(drafts[0]) == budget and drafts[0] == x[6:6 + budget]  # the prompt repeats: a match of 8 or more
+
+
 def test_hybrid_q_is_the_models_for_model_rows_and_one_hot_for_suffix_rows(tiny_pair):
     eng = LocalEngine(_cfg(tiny_pair, draft="suffix+MODEL", mode="sequential", k=4, hybrid_threshold=1.0))
     from collections import deque
