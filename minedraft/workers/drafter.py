@@ -30,6 +30,7 @@ class _DraftSeq:
     rounds: int = 0        # verdicts applied: a redraft of a position draws fresh numbers
     feats: torch.Tensor | None = None  # feature-conditioned draft: target features not yet fed, from the one
     #                                    before the first unfed token (a zero row stands before token 0)
+    skip: int = 0          # features still to drop from the head of the stream: those of a cached prefix
 
 
 class Drafter:
@@ -40,12 +41,19 @@ class Drafter:
         self.features = runner.fc is not None  # the verifier must send its features with each verdict
 
     def add(self, req: NewRequest) -> None:
-        self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_draft))
-        s = _DraftSeq(list(req.prompt_ids), req.params, req.seed)
-        if self.features:
-            s.feats = torch.zeros(1, self.runner.fc.in_features - self.runner.hidden_size,
-                                  dtype=self.runner.dtype, device=self.runner.device)
+        cached = self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_draft), req.blocks, req.prompt_ids,
+                                            req.cached)
+        s = _DraftSeq(list(req.prompt_ids), req.params, req.seed, skip=cached)
+        if self.features:  # the verifier sends features from position 0 on: drop those of the cached prefix
+            self._take_features(s, torch.zeros(1, self.runner.fc.in_features - self.runner.hidden_size,
+                                               dtype=self.runner.dtype, device=self.runner.device))
         self.seqs[req.rid] = s
+
+    @staticmethod
+    def _take_features(s: _DraftSeq, f: torch.Tensor) -> None:
+        f = f if s.feats is None else torch.cat([s.feats, f.to(s.feats)])
+        drop = min(s.skip, f.shape[0])
+        s.feats, s.skip = f[drop:], s.skip - drop
 
     def _ready(self, rid: int, s: _DraftSeq) -> bool:
         """A feature-conditioned draft needs a feature for every unfed token (the verifier's come a step later)."""
@@ -99,8 +107,9 @@ class Drafter:
             qs.append(q)
             confs.append(conf)
             feed = [[t] for t in tok.tolist()]  # the one sync per draft position, for the whole batch
-        for s in seqs:
+        for r, s in zip(rids, seqs):
             s.drafted_from = len(s.tokens)
+            cache.commit(r, s.tokens, len(s.tokens))  # what it fed before its drafts is final
         tok = torch.stack(toks, 1)
         counts = [k] * len(rids)
         if capacity is not None:
@@ -121,9 +130,10 @@ class Drafter:
         if self.features:
             if features is None:
                 raise RuntimeError("a feature-conditioned draft needs the verifier's features with each verdict")
-            s.feats = torch.cat([s.feats, features.to(s.feats)])
+            self._take_features(s, features)
         if s.drafted_from is not None:  # a step without drafts (k = 0) leaves the cache as it is
             cache = self.runner.cache
             kept = s.drafted_from if self.features else s.drafted_from + num_accepted
             cache.truncate(rid, min(cache.length(rid), kept))
+            cache.commit(rid, s.tokens, len(s.tokens))
             s.drafted_from = None
