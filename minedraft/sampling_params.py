@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .errors import InvalidRequestError, check_text
 
 
 GREEDY_BELOW = 1e-5
+MAX_N = 64  # completions per request
 INT_LIMIT = 2**31  # ints travel to the workers as msgpack; nothing real comes near this
 
 
@@ -32,6 +34,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    n: int = 1  # completions of the prompt (Engine.generate_choices); they share its KV blocks
 
     def __post_init__(self):
         # Accept lists from JSON/msgpack callers but store tuples so params stay hashable.
@@ -73,6 +76,18 @@ class SamplingParams:
             bad("seed", f"seed must be an int in [0, 2**63), got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            bad("n", f"n must be an int in 1..{MAX_N}, got {self.n!r}")
+
+    def choice(self, i: int) -> "SamplingParams":
+        """The params of completion i of n: n = 1, and a seed of its own (choice 0 keeps the seed, so it is the
+        n = 1 completion; the others' seeds are hashed from it), so a seeded request gives n distinct,
+        reproducible samples."""
+        seed = self.seed
+        if seed is not None and i:
+            h = hashlib.blake2b(f"{seed}/{i}".encode(), digest_size=8).digest()
+            seed = int.from_bytes(h, "little") >> 1   # below 2**63
+        return replace(self, n=1, seed=seed)
 
     @property
     def greedy(self) -> bool:

@@ -16,6 +16,7 @@ import shutil
 import signal
 import tempfile
 import time
+import uuid
 from typing import AsyncIterator
 
 import zmq
@@ -29,7 +30,7 @@ from ..errors import EngineDeadError
 from ..ipc.messages import Addresses, WorkerSpec
 from ..ipc.tensors import create_shm, destroy_shm, feature_slot_nbytes, slot_nbytes
 from ..outputs import GenerationResult, StreamDelta
-from ..sampling_params import SamplingParams
+from ..sampling_params import SamplingParams, as_params
 from .step_stats import StepStats
 from ..workers.drafter_process import drafter_main
 from ..workers.verifier_process import verifier_main
@@ -274,6 +275,28 @@ class Engine:
         finally:
             await follow.aclose()
         return state.result()
+
+    async def generate_choices(self, prompt, params: SamplingParams | dict | None = None,
+                               request_id: str | None = None) -> list[GenerationResult]:
+        """params.n completions of one prompt, as n requests "<request_id>.<i>" that share the prompt's KV blocks
+        (the first computes the prompt, the others find it cached); each has its own seed (SamplingParams.choice).
+        One failing or being cancelled cancels the others."""
+        params = as_params(params)
+        base = request_id if request_id is not None else f"choices-{uuid.uuid4().hex[:12]}"
+        tasks = [asyncio.ensure_future(self.generate(prompt, params.choice(i),
+                                                     base if params.n == 1 else f"{base}.{i}"))
+                 for i in range(params.n)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def chat_choices(self, messages, params: SamplingParams | dict | None = None,
+                           request_id: str | None = None) -> list[GenerationResult]:
+        """generate_choices() for chat messages."""
+        ids, params = self._chat_request(messages, params)
+        return await self.generate_choices(ids, params, request_id)
 
     def _chat_request(self, messages, params) -> tuple[list[int], SamplingParams]:
         from .chat import chat_params, chat_prompt_ids, end_of_turn_id
