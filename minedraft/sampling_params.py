@@ -98,6 +98,8 @@ class SamplingParams:
         d = asdict(self)
         d["stop_token_ids"] = list(self.stop_token_ids)
         d["stop"] = list(self.stop)
+        if self.n == 1:  # left out, so the map stays what servers before n existed accept
+            del d["n"]
         return d
 
     @classmethod

@@ -26,7 +26,7 @@ from msgspec.structs import replace
 from .scheduler import AsyncScheduler
 from ..config import PROMPT_CHARS_PER_TOKEN, EngineConfig
 from ..cores import resolve as resolve_cores
-from ..errors import EngineDeadError
+from ..errors import EngineDeadError, InvalidRequestError
 from ..ipc.messages import Addresses, WorkerSpec
 from ..ipc.tensors import create_shm, destroy_shm, feature_slot_nbytes, slot_nbytes
 from ..outputs import GenerationResult, StreamDelta
@@ -91,6 +91,7 @@ class Engine:
         self._ctx = None
         self._watch = None
         self._closed = False
+        self._choices: dict[str, int] = {}  # generate_choices in flight: base request id -> n
         self._ready = False
         self.tokenizer = None
         self.adaptive = None
@@ -282,13 +283,18 @@ class Engine:
         (the first computes the prompt, the others find it cached); each has its own seed (SamplingParams.choice).
         One failing or being cancelled cancels the others."""
         params = as_params(params)
+        if params.n == 1:
+            return [await self.generate(prompt, params, request_id)]
         base = request_id if request_id is not None else f"choices-{uuid.uuid4().hex[:12]}"
-        tasks = [asyncio.ensure_future(self.generate(prompt, params.choice(i),
-                                                     base if params.n == 1 else f"{base}.{i}"))
+        if base in self._choices:
+            raise InvalidRequestError(f"request_id {base!r} is already in use")
+        self._choices[base] = params.n  # abort(base) aborts them all
+        tasks = [asyncio.ensure_future(self.generate(prompt, params.choice(i), f"{base}.{i}"))
                  for i in range(params.n)]
         try:
             return list(await asyncio.gather(*tasks))
         finally:
+            del self._choices[base]
             for t in tasks:
                 t.cancel()
 
@@ -327,7 +333,12 @@ class Engine:
             await inner.aclose()
 
     async def abort(self, request_id: str) -> bool:
-        return bool(self.scheduler) and self.scheduler.abort(request_id)
+        if not self.scheduler:
+            return False
+        n = self._choices.get(request_id)
+        if n is not None:  # the completions of generate_choices
+            return any([self.scheduler.abort(f"{request_id}.{i}") for i in range(n)])
+        return self.scheduler.abort(request_id)
 
     async def kv_usage(self) -> dict:
         """What the drafter's and verifier's KV caches hold now (sequences, used blocks)."""

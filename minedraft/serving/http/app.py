@@ -150,6 +150,8 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             run = engine.stream_chat if chat else engine.stream
             return await _stream(request, run(req.prompt, req.params, request_id=rid), rid, req, chat)
         run = engine.chat if chat else engine.generate
+        if req.params.n > 1:  # a list of results, one per choice
+            run = engine.chat_choices if chat else engine.generate_choices
         try:
             res = await _until_disconnect(request, run(req.prompt, req.params, request_id=rid))
         except (InvalidRequestError, OverloadedError, EngineDeadError) as e:

@@ -1,6 +1,6 @@
 """OpenAI request bodies -> (prompt, SamplingParams), and engine output -> OpenAI response and chunk objects.
 
-Only what minedraft can honour is accepted: a field that asks for something it does not do (n > 1, logprobs,
+Only what minedraft can honour is accepted: a field that asks for something it does not do (n > 1 streamed, logprobs,
 penalties, tools, ...) is refused with a 400 naming it, rather than silently ignored, and so is a field this
 module does not know (as OpenAI does: a misspelt or newer option must not pass as honoured). Fields that never
 change the output (user, metadata, store, ...) are accepted and ignored.
@@ -98,8 +98,8 @@ def _common(body: dict, served: str, default_max_tokens: int, endpoint: str) -> 
         if name not in _KNOWN and name not in _ENDPOINT_FIELDS[endpoint]:
             raise invalid(f"unrecognized request argument '{name}': minedraft does not support it", name)
     n = _get(body, "n", int, 1)
-    if n != 1:
-        raise invalid(f"only n=1 is supported, got n={n}", "n")
+    if n != 1 and body.get("stream"):
+        raise invalid(f"n > 1 is supported without 'stream' only, got n={n}", "n")
     max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _get(body, max_name, int, default_max_tokens)  # max_completion_tokens: the newer name (chat)
     stop = body.get("stop")
@@ -128,7 +128,7 @@ def _common(body: dict, served: str, default_max_tokens: int, endpoint: str) -> 
             top_p=_get(body, "top_p", (int, float), 1.0),
             top_k=0 if top_k == -1 else top_k,  # -1 also means "off" in vLLM's extension
             max_tokens=max_tokens, stop=tuple(s for s in stop if s), stop_token_ids=stop_ids,
-            seed=_get(body, "seed", int), ignore_eos=_get(body, "ignore_eos", bool, False))
+            seed=_get(body, "seed", int), ignore_eos=_get(body, "ignore_eos", bool, False), n=n)
     except InvalidRequestError as e:
         raise invalid(str(e).replace("invalid SamplingParams: ", ""),
                       max_name if e.param == "max_tokens" else e.param) from None
@@ -200,17 +200,28 @@ def finish(reason: str | None) -> str | None:
     return {"stop": "stop", "length": "length"}.get(reason, reason)
 
 
-def completion(rid: str, model: str, r: GenerationResult) -> dict:
+def usage_of(results: list[GenerationResult]) -> dict:
+    """n completions of one prompt: the prompt counted once, their completions summed."""
+    u = usage(results[0].stats)
+    u["completion_tokens"] = sum(r.stats.output_tokens for r in results)
+    u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
+    return u
+
+
+def completion(rid: str, model: str, r: GenerationResult | list[GenerationResult]) -> dict:
+    rs = r if isinstance(r, list) else [r]
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": r.text, "logprobs": None, "finish_reason": finish(r.finish_reason)}],
-            "usage": usage(r.stats)}
+            "choices": [{"index": i, "text": x.text, "logprobs": None, "finish_reason": finish(x.finish_reason)}
+                        for i, x in enumerate(rs)],
+            "usage": usage_of(rs)}
 
 
-def chat_completion(rid: str, model: str, r: GenerationResult) -> dict:
+def chat_completion(rid: str, model: str, r: GenerationResult | list[GenerationResult]) -> dict:
+    rs = r if isinstance(r, list) else [r]
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
-                         "finish_reason": finish(r.finish_reason)}],
-            "usage": usage(r.stats)}
+            "choices": [{"index": i, "message": {"role": "assistant", "content": x.text}, "logprobs": None,
+                         "finish_reason": finish(x.finish_reason)} for i, x in enumerate(rs)],
+            "usage": usage_of(rs)}
 
 
 def completion_chunk(rid: str, model: str, created: int, text: str, reason: str | None) -> dict:
