@@ -64,3 +64,9 @@ class Admission:
     @property
     def free_blocks(self) -> int:
         return self.blocks.num_available
+
+
+def prefix_stats(blocks: BlockManager) -> dict:
+    st = blocks.stats
+    return {"prefix_cache_queries": st.queries, "prefix_cache_hits": st.hits, "prefix_cache_hit_rate": st.hit_rate,
+            "prefix_cache_blocks": blocks.num_cached, "prefix_cache_evictions": st.evictions}

@@ -32,6 +32,7 @@ from ..ipc.tensors import create_shm, destroy_shm, feature_slot_nbytes, slot_nby
 from ..outputs import GenerationResult, StreamDelta
 from ..sampling_params import SamplingParams, as_params
 from .step_stats import StepStats
+from ..cache.admission import prefix_stats
 from ..workers.drafter_process import drafter_main
 from ..workers.verifier_process import verifier_main
 
@@ -361,6 +362,8 @@ class Engine:
                 "running": len(s.running), "waiting": len(s.waiting), "finished": st.finished,
                 "aborted": st.aborted, "failed": st.failed,
                 "kv_blocks_free": s.free_blocks, "kv_blocks_total": s.total_blocks,
+                # prefix caching (cache/blocks.py): prompt tokens looked up / found, in tokens; cached blocks
+                "prefill_tokens": st.prefill_tokens, **prefix_stats(s.admission.blocks),
                 # per draft position i: drafts proposed there, and how many were accepted (step_stats.py)
                 "drafted_by_position": list(self.step_stats.drafted_by_pos),
                 "accepted_by_position": list(self.step_stats.accepted_by_pos)}

@@ -65,6 +65,7 @@ class RequestState:
         st = self.stats
         if st.steps == 0:
             st.ttft_s = time.perf_counter() - self.arrival
+            st.cached_tokens = st.prompt_tokens - r.prefill_tokens
         st.steps += 1
         st.draft_tokens += r.num_drafted
         st.accepted_tokens += r.num_accepted

@@ -193,7 +193,8 @@ def new_id(prefix: str) -> str:
 def usage(st: RequestStats | None) -> dict:
     p = st.prompt_tokens if st else 0
     c = st.output_tokens if st else 0
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": st.cached_tokens if st else 0}}
 
 
 def finish(reason: str | None) -> str | None:
