@@ -17,13 +17,16 @@ from minedraft.engine.engine import Engine
 from minedraft.engine.local_engine import LocalEngine
 from minedraft.sampling_params import SamplingParams
 
-from conftest import engine_config
+from conftest import MODELS_DIR, engine_config
+from sampling_law import chi2_critical, chi2_stat
 
 BS = 4
 _cfg = functools.partial(engine_config, k=3, block_size=BS, max_prompt_tokens=64, max_tokens_limit=32,
                          kv_cache_tokens=4096, max_batch_size=16)
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
 BASE = [random.Random(5).randrange(1, 300) for _ in range(40)]
+BUNDLED = dataclasses.make_dataclass("Pair", ["target", "draft"])(str(MODELS_DIR / "tiny-target"),
+                                                                  str(MODELS_DIR / "tiny-draft"))
 
 
 def shared_prompts(shared: int, n: int = 6, seed: int = 0) -> list[list[int]]:
@@ -112,17 +115,18 @@ def test_rejections_happen_at_the_block_boundary(tiny_pair):
     assert eng.admission.blocks.stats.hits == 2 * BS * (len(prompts) - 1)
 
 
-def test_feature_conditioned_draft_with_caching(tiny_pair, tmp_path):
-    from test_eagle import make_eagle
-    draft = make_eagle(tiny_pair.target, tmp_path / "eagle", 0.012)
+def test_feature_conditioned_draft_with_caching():
+    """The bundled tiny-eagle on its target: the draft's features of a cached prefix come from the verifier's
+    state store, so its drafts (and acceptance) are the same with caching as without."""
+    pair = dataclasses.replace(BUNDLED, draft=str(MODELS_DIR / "tiny-eagle"))
     rounds = [shared_prompts(2 * BS + 1, seed=3), shared_prompts(2 * BS + 1, seed=3)]
-    pair = dataclasses.replace(tiny_pair, draft=draft)
     on, eng, _ = run_local(_cfg(pair, mode="sequential"), rounds)
     off, eng_off, _ = run_local(_cfg(pair, mode="sequential", prefix_caching=False), rounds)
     assert eng.drafter.features
     assert on == off
-    assert [t for r in on for t in r] == hf_greedy(tiny_pair.target, [p for r in rounds for p in r], 12)
+    assert [t for r in on for t in r] == hf_greedy(pair.target, [p for r in rounds for p in r], 12)
     assert eng.admission.blocks.stats.hits > 0
+    assert eng.spec_counts == eng_off.spec_counts  # features aligned: the very same drafts were accepted
 
 
 def test_memory_pressure_with_distinct_prefixes_evicts_and_keeps_serving(tiny_pair):
@@ -140,3 +144,58 @@ def test_memory_pressure_with_distinct_prefixes_evicts_and_keeps_serving(tiny_pa
     st = eng.admission.blocks.stats
     assert st.evictions > 0 and st.hits > 0
     eng.admission.blocks.check()
+
+
+def test_sampled_law_with_caching_is_the_targets(tiny_pair):
+    """1200 seeded requests of one prompt (two shared blocks + 1 token): all but the first read the prompt's KV
+    from the cache; their first token must follow the target's law (softmax at T = 1.5) by chi-square."""
+    from minedraft.spec.sampling import process_logits
+    prompt, trials = BASE[:2 * BS + 1], 1200
+    sp = [SamplingParams(temperature=1.5, max_tokens=1, seed=1000 + i, ignore_eos=True) for i in range(trials)]
+    eng = LocalEngine(_cfg(tiny_pair, mode="sequential"))
+    res = eng.generate([prompt] * trials, sp)
+    assert eng.admission.blocks.stats.hits == 2 * BS * (trials - 1)
+    counts = torch.zeros(tiny_pair.vocab_size, dtype=torch.long)
+    for r in res:
+        counts[r.token_ids[0]] += 1
+    with torch.no_grad():
+        logits = _hf(tiny_pair.target)(torch.tensor([prompt])).logits[0, -1]
+    p = process_logits(logits[None], sp[0])[0]
+    big = p * trials >= 5   # pool the tail so the chi-square approximation holds
+    stat, dof = chi2_stat(torch.cat([counts[big], counts[~big].sum()[None]]), torch.cat([p[big], p[~big].sum()[None]]))
+    assert dof >= 5 and stat < chi2_critical(dof), f"chi2={stat:.1f} dof={dof}"
+
+
+PIPELINE = [("minedraft", {}), ("sequential", {}), ("autoregressive", {}),
+            ("minedraft", {"tetris": True, "tetris_capacity": 6}), ("minedraft", {"target_tp": 2})]
+
+
+@pytest.mark.parametrize("mode,extra", PIPELINE, ids=["minedraft", "sequential", "autoregressive", "tetris", "tp2"])
+async def test_pipeline_greedy_with_caching_equals_transformers(tiny_pair, mode, extra):
+    """Engine (two worker processes) in every mode, with Tetris and a tensor-parallel target: prefixes shorter
+    than a block, exactly 2 blocks and 2 blocks + 1, arriving at once (later ones wait for the first's prefill)
+    and again once cached; the verifier computes exactly the prompt tokens the scheduler did not find cached."""
+    prompts = shared_prompts(2 * BS + 1, seed=4) + shared_prompts(3, seed=5) + shared_prompts(2 * BS, seed=6)
+    async with Engine(_cfg(tiny_pair, mode=mode, **extra)) as engine:
+        first = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
+        again = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts[:6]))
+        st = engine.stats()
+    got = [r.token_ids for r in first + again]
+    assert got == hf_greedy(tiny_pair.target, prompts + prompts[:6], GREEDY.max_tokens)
+    total = sum(map(len, prompts + prompts[:6]))
+    assert st["prefix_cache_hits"] >= BS * 20 and st["prefill_tokens"] == total - st["prefix_cache_hits"]
+    assert st["kv_blocks_free"] == st["kv_blocks_total"]
+    if mode != "autoregressive":
+        assert 0 < st["accepted_tokens"] < st["draft_tokens"]
+
+
+async def test_pipeline_feature_conditioned_draft_with_caching():
+    from minedraft.config import EngineConfig
+    cfg = EngineConfig(target=BUNDLED.target, draft=str(MODELS_DIR / "tiny-eagle"), k=3, block_size=BS,
+                       max_prompt_tokens=64, max_tokens_limit=32, kv_cache_tokens=4096, max_batch_size=16)
+    prompts = shared_prompts(2 * BS + 1, seed=8)
+    async with Engine(cfg) as engine:
+        res = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts + prompts))
+        st = engine.stats()
+    assert [r.token_ids for r in res] == hf_greedy(BUNDLED.target, prompts + prompts, GREEDY.max_tokens)
+    assert st["prefix_cache_hits"] > 0 and st["accepted_tokens"] > 0
