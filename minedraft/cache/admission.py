@@ -21,15 +21,15 @@ def cache_namespace(config) -> bytes:
 
 
 class Admission:
-    def __init__(self, config, max_k: int):
-        self.max_k = max_k
+    def __init__(self, config, max_draft: int):
+        self.max_draft = max_draft
         self.blocks = BlockManager(config.kv_cache_tokens // config.block_size, config.block_size,
                                    config.prefix_caching, cache_namespace(config))
         self._tokens: dict[int, list[int]] = {}   # rid -> prompt + output so far
         self._started: set[int] = set()
 
     def reserve(self, req) -> int:
-        return req.cache_tokens(self.max_k)
+        return req.cache_tokens(self.max_draft)
 
     def fits_ever(self, req) -> bool:
         return self.blocks.blocks_for(self.reserve(req)) <= self.blocks.num_blocks
