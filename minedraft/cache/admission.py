@@ -16,7 +16,7 @@ from .blocks import BlockManager
 def cache_namespace(config) -> bytes:
     """What a block's content depends on besides its tokens: both models (a feature-conditioned draft's inputs
     come from the target, which is named too) and the dtype."""
-    draft = config.draft if config.effective_k else ""
+    draft = config.draft if config.speculative else ""
     return hashlib.blake2b(f"{config.target}\0{draft}\0{config.dtype}".encode(), digest_size=16).digest()
 
 
