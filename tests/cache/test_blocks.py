@@ -225,3 +225,10 @@ class _nothing:
 TestCacheMachine = CacheMachine.TestCase
 TestCacheMachine.settings = settings(max_examples=300, stateful_step_count=40, deadline=None,
                                      suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_cli_flag_turns_prefix_caching_off():
+    from minedraft.cli import main as cli
+    on = cli._engine_kw(cli.build_parser().parse_args(["generate", "x"]))
+    off = cli._engine_kw(cli.build_parser().parse_args(["serve", "--no-prefix-caching"]))
+    assert on["prefix_caching"] is True and off["prefix_caching"] is False

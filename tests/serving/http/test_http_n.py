@@ -55,6 +55,20 @@ def test_n4_returns_four_choices_with_the_prompt_computed_once(srv):
     assert one["usage"]["prompt_tokens_details"]["cached_tokens"] == shared
 
 
+def test_prefix_cache_metrics_match_the_stats(srv):
+    from prometheus_client.parser import text_string_to_metric_families
+    for _ in range(2):  # the second finds the first's prompt cached
+        _post(srv, {"prompt": PROMPT, "max_tokens": 2})
+    st = srv.sync(srv.engine.stats)
+    fams = {f.name: f.samples[0].value for f in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text)}
+    assert fams["minedraft_prefix_cache_hits"] == st["prefix_cache_hits"] > 0
+    assert fams["minedraft_prefix_cache_queries"] == st["prefix_cache_queries"]
+    assert fams["minedraft_prefill_tokens"] == st["prefill_tokens"]
+    assert fams["minedraft_prefix_cache_blocks"] == st["prefix_cache_blocks"] > 0
+    assert 0 < fams["minedraft_prefix_cache_hit_rate"] == pytest.approx(st["prefix_cache_hit_rate"])
+    assert "minedraft_prefix_cache_evictions" in fams
+
+
 def test_n_with_stream_is_refused(srv):
     r = httpx.post(srv.url + "/v1/completions", json={"prompt": PROMPT, "n": 2, "stream": True}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
