@@ -124,7 +124,8 @@ async def _bench(args) -> list[str]:
         off = [r[w] for r in runs[False]]
         same = sum(a == b for x, y in zip(on, off) for a, b in zip(x["ids"], y["ids"]))
         total = sum(len(x["ids"]) for x in on)
-        lines.append(f"{w}: TTFT off/on = {_median([r['ttft_ms'] for r in off]) / _median([r['ttft_ms'] for r in on]):.2f}x"
+        ttft = _median([r['ttft_ms'] for r in off]) / _median([r['ttft_ms'] for r in on])
+        lines.append(f"{w}: TTFT off/on = {ttft:.2f}x"
                      f", tok/s on/off = {_median([r['tok_s'] for r in on]) / _median([r['tok_s'] for r in off]):.3f}"
                      f", greedy outputs equal with and without caching: {same}/{total}")
     return lines

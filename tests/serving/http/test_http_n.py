@@ -3,7 +3,6 @@ its own seed (distinct samples, reproducible, choice 0 = the n = 1 completion); 
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
