@@ -58,6 +58,7 @@ class EngineConfig:
     max_batch_size: int = 32         # running requests in all (split over the two batches)
     kv_cache_tokens: int = 65536     # per model; admission waits when a request's reservation does not fit
     block_size: int = 16
+    prefix_caching: bool = True      # share the KV blocks of a prompt prefix already computed (docs/ARCHITECTURE.md)
     max_prompt_tokens: int = 768
     max_tokens_limit: int = 512      # upper bound a request's max_tokens may ask for
     max_queue: int = 1024            # waiting requests; past it, generate() raises OverloadedError
@@ -120,6 +121,8 @@ class EngineConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
                 bad(f"{name} must be a positive number of seconds, got {v!r}")
+        if not isinstance(self.prefix_caching, bool):
+            bad(f"prefix_caching must be a bool, got {self.prefix_caching!r}")
         if self.dtype not in ("float32", "float16", "bfloat16"):
             bad(f"dtype must be float32, float16 or bfloat16, got {self.dtype!r}")
         for name in ("draft_device", "target_device"):

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class RequestStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0      # of the prompt, found in the prefix cache (not computed)
     output_tokens: int = 0
     steps: int = 0              # speculative steps this request took part in
     draft_tokens: int = 0       # tokens proposed by the drafter

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .errors import InvalidRequestError, check_text
 
 
 GREEDY_BELOW = 1e-5
+MAX_N = 64  # completions per request
 INT_LIMIT = 2**31  # ints travel to the workers as msgpack; nothing real comes near this
 # Stop strings are matched on the caller's event loop: these bound the matcher's size (detokenize.StopMatcher),
 # so one request cannot stall every other (README, Limits)
@@ -62,6 +64,7 @@ class SamplingParams:
     json_schema: str | None = None
     regex: str | None = None
     grammar: str | None = None
+    n: int = 1  # completions of the prompt (Engine.generate_choices); they share its KV blocks
 
     def __post_init__(self):
         # Accept lists from JSON/msgpack callers but store tuples so params stay hashable.
@@ -115,6 +118,18 @@ class SamplingParams:
             bad("seed", f"seed must be an int in [0, 2**63), got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            bad("n", f"n must be an int in 1..{MAX_N}, got {self.n!r}")
+
+    def choice(self, i: int) -> "SamplingParams":
+        """The params of completion i of n: n = 1, and a seed of its own (choice 0 keeps the seed, so it is the
+        n = 1 completion; the others' seeds are hashed from it), so a seeded request gives n distinct,
+        reproducible samples."""
+        seed = self.seed
+        if seed is not None and i:
+            h = hashlib.blake2b(f"{seed}/{i}".encode(), digest_size=8).digest()
+            seed = int.from_bytes(h, "little") >> 1   # below 2**63
+        return replace(self, n=1, seed=seed)
 
     def _validate_controls(self):
         def bad(param, msg):
@@ -185,6 +200,8 @@ class SamplingParams:
                 del d[name]
         if "logit_bias" in d:  # str keys: a JSON and ZeroMQ-protocol-safe map
             d["logit_bias"] = {str(t): b for t, b in self.logit_bias}
+        if self.n == 1:  # left out, so the map stays what servers before n existed accept
+            del d["n"]
         return d
 
     @classmethod

@@ -372,7 +372,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _shared_prefix(argv) -> bool:
+    """`--workload shared-prefix` has its own runner (bench/shared_prefix.py)."""
+    return any(a == "--workload=shared-prefix" or (a == "--workload" and argv[i + 1:i + 2] == ["shared-prefix"])
+               for i, a in enumerate(argv))
+
+
 def main(argv=None) -> int:
+    import sys
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if _shared_prefix(argv):
+        from .shared_prefix import main as shared_prefix_main
+        return shared_prefix_main(argv)
     args = build_parser().parse_args(argv)
     try:
         if args.model:

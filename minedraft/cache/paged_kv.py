@@ -5,11 +5,20 @@ list of blocks (its block table) and a length. Every block a sequence may ever n
 admitted, so a running request never runs out of memory mid-flight and nothing has to be preempted; a request
 that does not fit waits. Rolling back rejected draft tokens is just lowering the length: the stale entries
 past it are never read (the attention mask stops at the length) and get overwritten by the next write.
+
+With prefix caching the scheduler's BlockManager (blocks.py) hands each request its block table, some of whose
+leading blocks it shares with other requests (`allocate(..., blocks=, prompt=, cached=)`). This cache then only
+keeps its own record of which blocks hold which prefix (`commit` records a block once every position in it is
+final), so a shared block is skipped only if this worker really has computed it; otherwise (a draft that has not
+fed that far yet) the request computes it, writing the same tokens there. A sequence never rolls back into a
+block it has committed or shares, and writes only past its length, so a shared block is never changed.
 """
 
 from __future__ import annotations
 
 import torch
+
+from .blocks import chain_hashes
 
 
 class BlockAllocator:
@@ -56,6 +65,9 @@ class PagedKVCache:
         self._tables: dict[object, list[int]] = {}
         self._lengths: dict[object, int] = {}
         self._capacity: dict[object, int] = {}
+        self._content: dict[int, bytes] = {}     # block -> key of the prefix it holds (full, final positions)
+        self._keys: dict[object, list[bytes]] = {}  # per sequence: keys of its leading full blocks recorded
+        self._own: set = set()                   # sequences whose blocks came from self.allocator
 
     # -- admission and life-cycle ------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -68,19 +80,62 @@ class PagedKVCache:
         """Whether a sequence this long could be admitted into an empty cache."""
         return self.blocks_for(num_tokens) <= self.num_blocks
 
-    def allocate(self, seq_id, num_tokens: int) -> None:
-        """Reserve room for num_tokens positions. Raises MemoryError if it does not fit now."""
+    def allocate(self, seq_id, num_tokens: int, blocks: list[int] | None = None, prompt=None, cached: int = 0,
+                 start: int | None = None) -> int:
+        """Reserve room for num_tokens positions; returns how many leading positions are already computed.
+
+        Without blocks, take them from this cache's own free list (raises MemoryError if they do not fit now).
+        With blocks (the scheduler's table), use them: the first cached // block_size are shared with other
+        requests and hold prompt's prefix; those this worker has computed are skipped. start (tensor-parallel
+        followers) sets the skipped length the leader found instead of looking it up."""
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r} already has cache")
-        self._tables[seq_id] = self.allocator.allocate(self.blocks_for(num_tokens))
-        self._lengths[seq_id] = 0
-        self._capacity[seq_id] = len(self._tables[seq_id]) * self.block_size
+        need = self.blocks_for(num_tokens)
+        if blocks is None:
+            table = self.allocator.allocate(need)
+            self._own.add(seq_id)
+        else:
+            if len(blocks) < need or not all(0 <= b < self.num_blocks for b in blocks):
+                raise ValueError(f"table of {len(blocks)} blocks cannot hold {num_tokens} positions here")
+            table = list(blocks)
+        n_shared = cached // self.block_size
+        for b in table[n_shared:]:  # fresh for this sequence: whatever they held is gone
+            self._content.pop(b, None)
+        keys = []
+        if start is None:
+            want = chain_hashes(b"", prompt, self.block_size, n_shared) if n_shared else []
+            for b, k in zip(table, want):
+                if self._content.get(b) != k:
+                    break
+                keys.append(k)
+            start = len(keys) * self.block_size
+        self._tables[seq_id], self._lengths[seq_id], self._keys[seq_id] = table, start, keys
+        self._capacity[seq_id] = len(table) * self.block_size
+        return start
+
+    def commit(self, seq_id, tokens, upto: int) -> None:
+        """Positions [0, upto) of seq_id hold tokens[:upto] for good: record its full blocks below that (and its
+        length) as computed, so a request given them as shared skips them."""
+        keys = self._keys[seq_id]
+        n = min(upto, self._lengths[seq_id], len(tokens)) // self.block_size
+        if n > len(keys):
+            bs = self.block_size
+            new = chain_hashes(b"", tokens[len(keys) * bs:], bs, n - len(keys), keys[-1] if keys else b"")
+            for i, k in enumerate(new, len(keys)):
+                self._content[self._tables[seq_id][i]] = k
+            keys += new
+
+    def frozen(self, seq_id) -> int:
+        """Positions a rollback may not go below (once reached): shared or committed blocks."""
+        return len(self._keys[seq_id]) * self.block_size
 
     def free(self, seq_id) -> None:
         blocks = self._tables.pop(seq_id, None)
         if blocks is not None:
-            self.allocator.free(blocks)
-            del self._lengths[seq_id], self._capacity[seq_id]
+            if seq_id in self._own:
+                self._own.discard(seq_id)
+                self.allocator.free(blocks)
+            del self._lengths[seq_id], self._capacity[seq_id], self._keys[seq_id]
 
     def __contains__(self, seq_id) -> bool:
         return seq_id in self._tables
@@ -91,7 +146,9 @@ class PagedKVCache:
 
     @property
     def used_blocks(self) -> int:
-        return self.num_blocks - self.allocator.num_free
+        if len(self._own) == len(self._tables):
+            return self.num_blocks - self.allocator.num_free
+        return len({b for t in self._tables.values() for b in t})
 
     # -- lengths and rollback ----------------------------------------------------------------------
     def length(self, seq_id) -> int:
@@ -99,8 +156,10 @@ class PagedKVCache:
 
     def truncate(self, seq_id, new_length: int) -> None:
         """Roll back to the first new_length positions (O(1): entries past it are dead)."""
-        if not 0 <= new_length <= self._lengths[seq_id]:
-            raise ValueError(f"cannot truncate {seq_id!r} from {self._lengths[seq_id]} to {new_length}")
+        old = self._lengths[seq_id]
+        if not min(old, self.frozen(seq_id)) <= new_length <= old:
+            raise ValueError(f"cannot truncate {seq_id!r} from {old} to {new_length} (committed or shared up to "
+                             f"{self.frozen(seq_id)})")
         self._lengths[seq_id] = new_length
 
     # -- addressing --------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ def _engine_kw(a) -> dict:
                 tetris_capacity=a.tetris_capacity, tetris_extra=a.tetris_extra,
                 max_prompt_tokens=a.max_prompt_tokens, dtype=a.dtype, target_device=a.target_device,
                 draft_device=a.draft_device, draft_cores=a.draft_cores, target_cores=a.target_cores,
-                target_tp=a.target_tp, draft_tp=a.draft_tp)
+                target_tp=a.target_tp, draft_tp=a.draft_tp, prefix_caching=a.prefix_caching)
 
 
 def _fail(msg: str, code: int = 2) -> int:

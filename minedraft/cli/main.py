@@ -72,6 +72,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "or share of --target-cores each")
     g.add_argument("--draft-tp", type=_positive_int, default=_default("draft_tp"), metavar="N",
                    help="tensor-parallel ranks of the draft")
+    g.add_argument("--no-prefix-caching", action="store_false", dest="prefix_caching",
+                   help="compute every prompt from scratch instead of sharing the KV blocks of a prefix already "
+                        "computed (prefix caching is on by default)")
 
 
 def _lazy(name: str):

@@ -16,6 +16,7 @@ import shutil
 import signal
 import tempfile
 import time
+import uuid
 from typing import AsyncIterator
 
 import zmq
@@ -25,12 +26,13 @@ from msgspec.structs import replace
 from .scheduler import UNGUARDED_MAIN_EXIT, AsyncScheduler
 from ..config import EngineConfig
 from ..cores import resolve as resolve_cores
-from ..errors import EngineDeadError
+from ..errors import EngineDeadError, InvalidRequestError
 from ..ipc.messages import Addresses, WorkerSpec
 from ..ipc.tensors import create_shm, destroy_shm, feature_slot_nbytes, slot_nbytes
 from ..outputs import GenerationResult, StreamDelta
-from ..sampling_params import SamplingParams
+from ..sampling_params import SamplingParams, as_params
 from .step_stats import StepStats
+from ..cache.admission import prefix_stats
 from ..workers.drafter_process import drafter_main
 from ..workers.verifier_process import verifier_main
 
@@ -96,6 +98,7 @@ class Engine:
         self._ctx = None
         self._watch = None
         self._closed = False
+        self._choices: dict[str, int] = {}  # generate_choices in flight: base request id -> n
         self._ready = False
         self.tokenizer = None
         self.adaptive = None
@@ -285,6 +288,33 @@ class Engine:
             await follow.aclose()
         return state.result()
 
+    async def generate_choices(self, prompt, params: SamplingParams | dict | None = None,
+                               request_id: str | None = None) -> list[GenerationResult]:
+        """params.n completions of one prompt, as n requests "<request_id>.<i>" that share the prompt's KV blocks
+        (the first computes the prompt, the others find it cached); each has its own seed (SamplingParams.choice).
+        One failing or being cancelled cancels the others."""
+        params = as_params(params)
+        if params.n == 1:
+            return [await self.generate(prompt, params, request_id)]
+        base = request_id if request_id is not None else f"choices-{uuid.uuid4().hex[:12]}"
+        if base in self._choices:
+            raise InvalidRequestError(f"request_id {base!r} is already in use")
+        self._choices[base] = params.n  # abort(base) aborts them all
+        tasks = [asyncio.ensure_future(self.generate(prompt, params.choice(i), f"{base}.{i}"))
+                 for i in range(params.n)]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            del self._choices[base]
+            for t in tasks:
+                t.cancel()
+
+    async def chat_choices(self, messages, params: SamplingParams | dict | None = None,
+                           request_id: str | None = None) -> list[GenerationResult]:
+        """generate_choices() for chat messages."""
+        ids, params = self._chat_request(messages, params)
+        return await self.generate_choices(ids, params, request_id)
+
     def _chat_request(self, messages, params) -> tuple[list[int], SamplingParams]:
         from .chat import chat_params, chat_prompt_ids, end_of_turn_id
         if self.tokenizer is None:
@@ -313,7 +343,12 @@ class Engine:
             await inner.aclose()
 
     async def abort(self, request_id: str) -> bool:
-        return bool(self.scheduler) and self.scheduler.abort(request_id)
+        if not self.scheduler:
+            return False
+        n = self._choices.get(request_id)
+        if n is not None:  # the completions of generate_choices
+            return any([self.scheduler.abort(f"{request_id}.{i}") for i in range(n)])
+        return self.scheduler.abort(request_id)
 
     async def kv_usage(self) -> dict:
         """What the drafter's and verifier's KV caches hold now (sequences, used blocks)."""
@@ -336,6 +371,8 @@ class Engine:
                 "running": len(s.running), "waiting": len(s.waiting), "finished": st.finished,
                 "aborted": st.aborted, "failed": st.failed,
                 "kv_blocks_free": s.free_blocks, "kv_blocks_total": s.total_blocks,
+                # prefix caching (cache/blocks.py): prompt tokens looked up / found, in tokens; cached blocks
+                "prefill_tokens": st.prefill_tokens, **prefix_stats(s.admission.blocks),
                 # per draft position i: drafts proposed there, and how many were accepted (step_stats.py)
                 "drafted_by_position": list(self.step_stats.drafted_by_pos),
                 "accepted_by_position": list(self.step_stats.accepted_by_pos),

@@ -11,6 +11,7 @@ from collections import deque
 
 from transformers import AutoTokenizer
 
+from ..cache.admission import Admission
 from ..config import EngineConfig
 from ..errors import InvalidRequestError
 from ..outputs import GenerationResult
@@ -47,6 +48,7 @@ class LocalEngine:
         self.verifier = Verifier(self.target, self.max_draft, eos, tokenizer_dir=cfg.target,
                                  features=bool(self.drafter and self.drafter.features))
         self._ids = itertools.count()
+        self.admission = Admission(cfg, self.max_draft)  # block tables and the prefix cache, as the scheduler's
 
     def generate(self, prompts: list, params=None) -> list[GenerationResult]:
         """Run every prompt to completion (continuous batching). params: one for all, or a list."""
@@ -58,9 +60,9 @@ class LocalEngine:
                                                               self.target.vocab_size), self.tokenizer))
         waiting, running = deque(states), {}
         for s in states:
-            need = s.req.cache_tokens(self.max_draft)
-            if not self.target.cache.fits_ever(need):
-                raise InvalidRequestError(f"request needs {need} cache positions, more than the whole cache")
+            if not self.admission.fits_ever(s.req):
+                raise InvalidRequestError(f"request needs {s.req.cache_tokens(self.max_draft)} cache positions, "
+                                          "more than the whole cache")
         while waiting or running:
             self._admit(waiting, running)
             self.step(running)
@@ -69,9 +71,8 @@ class LocalEngine:
     def _admit(self, waiting, running) -> None:
         while waiting and len(running) < self.config.max_batch_size:
             s = waiting[0]
-            need = s.req.cache_tokens(self.max_draft)
-            if not (self.target.cache.can_allocate(need) and (not self.draft or self.draft.cache.can_allocate(need))):
-                break  # waits until a running request frees its blocks
+            if not self.admission.try_admit(s.req):
+                break  # waits until a running request frees its blocks, or its shared prefix is computed
             waiting.popleft()
             self.verifier.add(s.req)
             if self.drafter:
@@ -91,8 +92,10 @@ class LocalEngine:
         for r, feats in zip(results, self.verifier.last_features):
             s = running[r.rid]
             s.on_result(r)
+            self.admission.on_result(r.rid, r.new_tokens)
             if s.finished:
                 del running[r.rid]
+                self.admission.release(r.rid)
                 if r.rid in self.verifier.seqs:  # a stop string ended it, not the verifier
                     self.verifier.remove(r.rid)
                 if self.drafter:

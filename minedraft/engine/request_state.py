@@ -18,6 +18,9 @@ def make_request(rid: int, prompt, params: SamplingParams | dict | None, tokeniz
                  vocab_size: int) -> NewRequest:
     """Validate one request and tokenize it; raises InvalidRequestError with a message a user can act on."""
     params = as_params(params)
+    if params.n != 1:
+        raise InvalidRequestError(f"n={params.n} asks for several completions: use generate_choices or chat_choices",
+                                  "n")
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("prompt is empty", "prompt")
@@ -66,6 +69,7 @@ class RequestState:
         st = self.stats
         if st.steps == 0:
             st.ttft_s = time.perf_counter() - self.arrival
+            st.cached_tokens = st.prompt_tokens - r.prefill_tokens
         st.steps += 1
         st.draft_tokens += r.num_drafted
         st.accepted_tokens += r.num_accepted

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
+from ..cache.admission import Admission
 from ..config import EngineConfig
 from ..errors import EngineDeadError, InvalidRequestError, OverloadedError
 from ..ipc import messages as M
@@ -50,6 +51,7 @@ class EngineStats:
     finished: int = 0
     aborted: int = 0
     failed: int = 0
+    prefill_tokens: int = 0  # prompt tokens the verifier computed (the rest came from the prefix cache)
     trace: list[TraceEvent] = field(default_factory=list)
 
 
@@ -63,8 +65,9 @@ class AsyncScheduler:
         self.config, self.tokenizer, self.vocab_size = config, tokenizer, vocab_size
         self.max_draft = config.max_draft  # KV reservations cover the most drafts a row can carry
         self.block_size = config.block_size
-        self.free_blocks = config.kv_cache_tokens // config.block_size
-        self.total_blocks = self.free_blocks
+        # the one authority on both workers' block tables, prefix cache included (cache/admission.py)
+        self.admission = Admission(config, self.max_draft)
+        self.total_blocks = self.admission.blocks.num_blocks
         self.waiting: deque[RequestState] = deque()
         self.running: dict[int, RequestState] = {}
         self.by_name: dict[str, RequestState] = {}
@@ -139,7 +142,7 @@ class AsyncScheduler:
             encode(req)
         except (OverflowError, TypeError, ValueError) as e:
             raise InvalidRequestError(f"request cannot be encoded: {e}") from None
-        if self._blocks(req) > self.total_blocks:
+        if not self.admission.fits_ever(req):
             raise InvalidRequestError(f"request needs {req.cache_tokens(self.max_draft)} KV positions, more than the "
                                       f"whole cache ({self.config.kv_cache_tokens})")
         state = RequestState(name, req, self.tokenizer)
@@ -149,17 +152,17 @@ class AsyncScheduler:
         self._admit()
         return state, q
 
-    def _blocks(self, req) -> int:
-        return -(-req.cache_tokens(self.max_draft) // self.block_size)
+    @property
+    def free_blocks(self) -> int:
+        """Blocks a new request could take (free, or cached and held by nobody)."""
+        return self.admission.free_blocks
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.config.max_batch_size:
             s = self.waiting[0]
-            need = self._blocks(s.req)
-            if need > self.free_blocks:
-                return  # waits for a running request to finish
+            if not self.admission.try_admit(s.req):
+                return  # waits for a running request to finish, or for its shared prefix to be computed
             self.waiting.popleft()
-            self.free_blocks -= need
             b = 0 if self.config.mode != "minedraft" else int(self.batch_sizes[1] < self.batch_sizes[0])
             self.batch_sizes[b] += 1
             self.batch_of[s.req.rid] = b
@@ -185,7 +188,7 @@ class AsyncScheduler:
     def _release(self, s: RequestState) -> None:
         rid = s.req.rid
         if self.running.pop(rid, None) is not None:
-            self.free_blocks += self._blocks(s.req)
+            self.admission.release(rid)
             self.batch_sizes[self.batch_of.pop(rid)] -= 1
         self.by_name.pop(s.request_id, None)
         self._admit()
@@ -256,6 +259,8 @@ class AsyncScheduler:
                 c[0] += r.num_drafted
                 c[1] += r.num_accepted
             st.row_steps += 1
+            st.prefill_tokens += r.prefill_tokens
+            self.admission.on_result(r.rid, r.new_tokens)
             before = s.stats.output_tokens
             delta = s.on_result(r)
             st.output_tokens += s.stats.output_tokens - before

@@ -80,6 +80,8 @@ class NewRequest(_Msg):
     prompt_ids: list[int]
     params: SamplingParams
     seed: int  # always set: the scheduler draws one when the caller gave none
+    blocks: list[int] | None = None  # its KV block table (the scheduler's BlockManager), the same in both workers
+    cached: int = 0  # leading prompt positions those blocks already hold (shared with other requests)
 
     def cache_tokens(self, max_draft: int) -> int:
         """Positions to reserve: prompt, every output token, and the drafts in flight past them."""
@@ -93,6 +95,7 @@ class StepResult(_Msg):
     num_drafted: int
     num_accepted: int
     finish_reason: str | None    # "stop" | "length" | None (still running)
+    prefill_tokens: int = 0      # on a request's first result: prompt positions the verifier computed
     # with SamplingParams.logprobs: per new token [logprob, [[id, logprob], ...]] under the target's raw law
     # (spec/logprobs.py); None unless the request asked
     logprobs: list | None = None

@@ -32,6 +32,7 @@ class _DraftSeq:
     feats: torch.Tensor | None = None  # feature-conditioned draft: target features not yet fed, from the one
     #                                    before the first unfed token (a zero row stands before token 0)
     ctl: RowControl | None = None      # penalties / logit bias / grammar (spec/controls.py), None without
+    skip: int = 0          # features still to drop from the head of the stream: those of a cached prefix
 
 
 class Drafter:
@@ -44,13 +45,20 @@ class Drafter:
         self.features = runner.fc is not None  # the verifier must send its features with each verdict
 
     def add(self, req: NewRequest) -> None:
-        self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_draft))
-        s = _DraftSeq(list(req.prompt_ids), req.params, req.seed)
+        cached = self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_draft), req.blocks, req.prompt_ids,
+                                            req.cached)
+        s = _DraftSeq(list(req.prompt_ids), req.params, req.seed, skip=cached)
         s.ctl = self.controls.make(req.params, s.tokens)
-        if self.features:
-            s.feats = torch.zeros(1, self.runner.fc.in_features - self.runner.hidden_size,
-                                  dtype=self.runner.dtype, device=self.runner.device)
+        if self.features:  # the verifier sends features from position 0 on: drop those of the cached prefix
+            self._take_features(s, torch.zeros(1, self.runner.fc.in_features - self.runner.hidden_size,
+                                               dtype=self.runner.dtype, device=self.runner.device))
         self.seqs[req.rid] = s
+
+    @staticmethod
+    def _take_features(s: _DraftSeq, f: torch.Tensor) -> None:
+        f = f if s.feats is None else torch.cat([s.feats, f.to(s.feats)])
+        drop = min(s.skip, f.shape[0])
+        s.feats, s.skip = f[drop:], s.skip - drop
 
     def _ready(self, rid: int, s: _DraftSeq) -> bool:
         """Whether the row drafts this step: not with a per-request budget of 0 (SamplingParams.max_drafts),
@@ -120,8 +128,9 @@ class Drafter:
             for c, row in zip(ctls, tok.tolist()):
                 if c is not None:
                     c.pop(row)
-        for s in seqs:
+        for r, s in zip(rids, seqs):
             s.drafted_from = len(s.tokens)
+            cache.commit(r, s.tokens, len(s.tokens))  # what it fed before its drafts is final
         budget = [k if s.params.max_drafts is None else min(k, s.params.max_drafts) for s in seqs]
         counts = budget
         if capacity is not None:
@@ -148,9 +157,10 @@ class Drafter:
         if self.features:
             if features is None:
                 raise RuntimeError("a feature-conditioned draft needs the verifier's features with each verdict")
-            s.feats = torch.cat([s.feats, features.to(s.feats)])
+            self._take_features(s, features)
         if s.drafted_from is not None:  # a step without drafts (k = 0) leaves the cache as it is
             cache = self.runner.cache
             kept = s.drafted_from if self.features else s.drafted_from + num_accepted
             cache.truncate(rid, min(cache.length(rid), kept))
+            cache.commit(rid, s.tokens, len(s.tokens))
             s.drafted_from = None

@@ -135,6 +135,16 @@ class ModelRunner:
         self.layer_windows = layer_windows(cfg)
         self.cache = PagedKVCache(cfg.num_hidden_layers, self.num_kv_heads, self.head_dim, kv_cache_tokens,
                                   block_size, self.dtype, self.device)
+        self.state_store: torch.Tensor | None = None  # see keep_states
+
+    def keep_states(self) -> None:
+        """Keep every cached position's final-norm state beside its KV (the target of a feature-conditioned
+        draft): a request that skips a cached prefix must still send the draft that prefix's features."""
+        n = self.cache.num_blocks * self.cache.block_size
+        self.state_store = torch.zeros(n, self.hidden_size, dtype=self.dtype, device=self.device)
+
+    def stored_states(self, seq_id, start: int, stop: int) -> torch.Tensor:
+        return self.state_store.index_select(0, self.cache.slots(seq_id, start, stop).to(self.device))
 
     @classmethod
     def from_pretrained(cls, path: str, kv_cache_tokens: int, block_size: int = 16, device="cpu",
@@ -297,6 +307,8 @@ class ModelRunner:
             index = torch.arange(flat.numel(), device=self.device)
         if hidden:  # every real token's final-norm state; the logits read the same rows
             states = self.norm(h[0])
+            if self.state_store is not None:
+                self.state_store.index_copy_(0, p.write_slots, states)
             h = states.index_select(0, flat)
         else:
             h = self.norm(h[0].index_select(0, flat))

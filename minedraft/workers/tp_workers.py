@@ -89,9 +89,10 @@ def replay(runner, ops: list[int]) -> bool:
     i, cache = 0, runner.cache
     while i < len(ops):
         op = ops[i]
-        if op == ALLOC:
-            cache.allocate(ops[i + 1], ops[i + 2])
-            i += 3
+        if op == ALLOC:  # rid, positions, start, n, table of n blocks (n = 0: from the follower's own free list)
+            n = ops[i + 4]
+            cache.allocate(ops[i + 1], ops[i + 2], ops[i + 5:i + 5 + n] if n else None, start=ops[i + 3])
+            i += 5 + n
         elif op == FREE:
             cache.free(ops[i + 1])
             i += 2
@@ -123,9 +124,10 @@ class _RecordingCache:
     def __getattr__(self, name):
         return getattr(self._cache, name)
 
-    def allocate(self, seq_id, num_tokens: int) -> None:
-        self._cache.allocate(seq_id, num_tokens)   # raises before recording when it does not fit
-        self._ops += (ALLOC, seq_id, num_tokens)
+    def allocate(self, seq_id, num_tokens: int, blocks=None, prompt=None, cached: int = 0) -> int:
+        start = self._cache.allocate(seq_id, num_tokens, blocks, prompt, cached)  # raises before recording
+        self._ops += (ALLOC, seq_id, num_tokens, start, len(blocks or ()), *(blocks or ()))
+        return start
 
     def free(self, seq_id) -> None:
         self._cache.free(seq_id)

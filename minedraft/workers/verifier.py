@@ -22,6 +22,8 @@ class _VerifySeq:
     seed: int
     stop_ids: frozenset[int]
     ctl: RowControl | None = None  # penalties / logit bias / grammar (spec/controls.py), None without
+    cached: int = 0        # prompt positions found in the prefix cache (not computed)
+    fresh: bool = True     # no step yet
 
 
 class Verifier:
@@ -37,12 +39,16 @@ class Verifier:
         # per result row of the last verify(): its features ([n, H] tensor; None when finished or not features);
         # tensors stay out of StepResult, which is a message
         self.last_features: list = []
+        if features:
+            runner.keep_states()
 
     def add(self, req: NewRequest) -> None:
-        self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_draft))
+        cached = self.runner.cache.allocate(req.rid, req.cache_tokens(self.max_draft), req.blocks, req.prompt_ids,
+                                            req.cached)
         p = req.params
         stop = frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else self.eos)
-        s = self.seqs[req.rid] = _VerifySeq(list(req.prompt_ids), len(req.prompt_ids), p, req.seed, stop)
+        s = self.seqs[req.rid] = _VerifySeq(list(req.prompt_ids), len(req.prompt_ids), p, req.seed, stop,
+                                            cached=cached)
         s.ctl = self.controls.make(p, s.tokens)
 
     def remove(self, rid: int) -> None:
@@ -82,18 +88,24 @@ class Verifier:
         for i, (rid, s, d, c, n, tok) in enumerate(zip(rids, seqs, drafts, counts, ns, toks)):
             new, reason = self._cut(s, d[:n] + [tok])
             s.tokens.extend(new)
-            results.append(StepResult(rid, new, c, n, reason))
+            results.append(StepResult(rid, new, c, n, reason, s.prompt_len - s.cached if s.fresh else 0))
             if s.params.logprobs is not None:  # the target's raw law at each emitted position
                 results[-1].logprobs = token_logprobs(rows.index_select(0, index[i, :len(new)]), new,
                                                       s.params.logprobs)
             if s.ctl is not None and not reason:
                 s.ctl.push(new)
-            # the unverified tail and the accepted drafts
-            feats_out.append(states[i][:len(feed[i]) - c + n] if states is not None and not reason else None)
+            f = None
+            if states is not None and not reason:  # the unverified tail and the accepted drafts
+                f = states[i][:len(feed[i]) - c + n]
+                if s.fresh and s.cached:  # the draft's features start at position 0 whatever was cached
+                    f = torch.cat([self.runner.stored_states(rid, 0, s.cached), f])
+            feats_out.append(f)
+            s.fresh = False
             if reason:
                 self.remove(rid)
             else:
                 cache.truncate(rid, len(s.tokens) - 1)  # the newest token is fed next step
+                cache.commit(rid, s.tokens, len(s.tokens) - 1)
         return results
 
     @staticmethod

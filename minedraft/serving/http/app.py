@@ -172,12 +172,15 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             run = engine.stream_chat if chat else engine.stream
             return await _stream(request, run(req.prompt, req.params, request_id=rid), rid, req, chat)
         run = engine.chat if chat else engine.generate
+        if req.params.n > 1:  # a list of results, one per choice
+            run = engine.chat_choices if chat else engine.generate_choices
         try:
             res = await _until_disconnect(request, run(req.prompt, req.params, request_id=rid))
         except (InvalidRequestError, OverloadedError, EngineDeadError) as e:
             raise _engine_error(e, req, chat) from None
+        rs = res if isinstance(res, list) else [res]
         return JSONResponse((oa.chat_completion if chat else oa.completion)(
-            rid, req.model, res, logprobs_of(res.token_ids, res.logprobs, chat)))
+            rid, req.model, res, [logprobs_of(r.token_ids, r.logprobs, chat) for r in rs]))
 
     async def _stream(request: Request, deltas, rid: str, req: oa.ParsedRequest, chat: bool):
         # Wait for the first delta before answering, so a refused request (400/429/503) gets its status code

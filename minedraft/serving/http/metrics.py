@@ -37,12 +37,23 @@ class _EngineCollector:
         for name, key, doc in (("output_tokens", "output_tokens", "Tokens generated"),
                                ("draft_tokens", "draft_tokens", "Draft tokens proposed"),
                                ("accepted_tokens", "accepted_tokens", "Draft tokens accepted by the verifier"),
-                               ("steps", "steps", "Verify steps")):
+                               ("steps", "steps", "Verify steps"),
+                               ("prefill_tokens", "prefill_tokens", "Prompt tokens the verifier computed (the rest "
+                                "came from the prefix cache)"),
+                               ("prefix_cache_queries", "prefix_cache_queries", "Prompt tokens looked up in the "
+                                "prefix cache (all but each prompt's last)"),
+                               ("prefix_cache_hits", "prefix_cache_hits", "Prompt tokens found in the prefix cache"),
+                               ("prefix_cache_evictions", "prefix_cache_evictions", "Cached KV blocks evicted to "
+                                "make room")):
             yield CounterMetricFamily(f"minedraft_{name}", doc, value=s[key])
         for name, key, doc in (("requests_running", "running", "Requests admitted to the two batches"),
                                ("requests_waiting", "waiting", "Requests waiting for admission"),
                                ("kv_blocks_free", "kv_blocks_free", "KV cache blocks free (per model)"),
-                               ("kv_blocks_total", "kv_blocks_total", "KV cache blocks in all (per model)")):
+                               ("kv_blocks_total", "kv_blocks_total", "KV cache blocks in all (per model)"),
+                               ("prefix_cache_blocks", "prefix_cache_blocks", "KV blocks holding a cached prefix "
+                                "(in use or kept for reuse)"),
+                               ("prefix_cache_hit_rate", "prefix_cache_hit_rate", "prefix_cache_hits / "
+                                "prefix_cache_queries (tokens)")):
             yield GaugeMetricFamily(f"minedraft_{name}", doc, value=s[key])
         drafted = CounterMetricFamily("minedraft_position_drafted", "Draft tokens proposed at each draft "
                                       "position (0 = first)", labels=["position"])

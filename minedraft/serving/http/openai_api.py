@@ -1,6 +1,6 @@
 """OpenAI request bodies -> (prompt, SamplingParams), and engine output -> OpenAI response and chunk objects.
 
-Only what minedraft can honour is accepted: a field that asks for something it does not do (n > 1, tools,
+Only what minedraft can honour is accepted: a field that asks for something it does not do (n > 1 streamed, tools,
 echo, ...) is refused with a 400 naming it, rather than silently ignored, and so is a field this
 module does not know (as OpenAI does: a misspelt or newer option must not pass as honoured). Fields that never
 change the output (user, metadata, store, ...) are accepted and ignored.
@@ -98,8 +98,8 @@ def _common(body: dict, served: str, default_max_tokens: int, endpoint: str) -> 
         if name not in _KNOWN and name not in _ENDPOINT_FIELDS[endpoint]:
             raise invalid(f"unrecognized request argument '{name}': minedraft does not support it", name)
     n = _get(body, "n", int, 1)
-    if n != 1:
-        raise invalid(f"only n=1 is supported, got n={n}", "n")
+    if n != 1 and body.get("stream"):
+        raise invalid(f"n > 1 is supported without 'stream' only, got n={n}", "n")
     max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _get(body, max_name, int, default_max_tokens)  # max_completion_tokens: the newer name (chat)
     stop = body.get("stop")
@@ -134,7 +134,7 @@ def _common(body: dict, served: str, default_max_tokens: int, endpoint: str) -> 
             top_p=_get(body, "top_p", (int, float), 1.0),
             top_k=0 if top_k == -1 else top_k,  # -1 also means "off" in vLLM's extension
             max_tokens=max_tokens, stop=tuple(s for s in stop if s), stop_token_ids=stop_ids,
-            seed=_get(body, "seed", int), ignore_eos=_get(body, "ignore_eos", bool, False), **extra)
+            seed=_get(body, "seed", int), ignore_eos=_get(body, "ignore_eos", bool, False), n=n, **extra)
     except InvalidRequestError as e:
         param = max_name if e.param == "max_tokens" else ctl.PARAM_NAMES.get(e.param, e.param)
         raise invalid(str(e).replace("invalid SamplingParams: ", ""), param) from None
@@ -236,24 +236,41 @@ def new_id(prefix: str) -> str:
 def usage(st: RequestStats | None) -> dict:
     p = st.prompt_tokens if st else 0
     c = st.output_tokens if st else 0
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": st.cached_tokens if st else 0}}
 
 
 def finish(reason: str | None) -> str | None:
     return {"stop": "stop", "length": "length"}.get(reason, reason)
 
 
-def completion(rid: str, model: str, r: GenerationResult, logprobs: dict | None = None) -> dict:
+def usage_of(results: list[GenerationResult]) -> dict:
+    """n completions of one prompt: the prompt counted once, their completions summed."""
+    u = usage(results[0].stats)
+    u["completion_tokens"] = sum(r.stats.output_tokens for r in results)
+    u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
+    return u
+
+
+def completion(rid: str, model: str, r: GenerationResult | list[GenerationResult], logprobs: list | None = None
+               ) -> dict:
+    """r: one result, or the n choices of one prompt; logprobs: one entry (a dict or None) per choice."""
+    rs = r if isinstance(r, list) else [r]
+    lps = logprobs or [None] * len(rs)
     return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": r.text, "logprobs": logprobs, "finish_reason": finish(r.finish_reason)}],
-            "usage": usage(r.stats)}
+            "choices": [{"index": i, "text": x.text, "logprobs": lp, "finish_reason": finish(x.finish_reason)}
+                        for i, (x, lp) in enumerate(zip(rs, lps))],
+            "usage": usage_of(rs)}
 
 
-def chat_completion(rid: str, model: str, r: GenerationResult, logprobs: dict | None = None) -> dict:
+def chat_completion(rid: str, model: str, r: GenerationResult | list[GenerationResult], logprobs: list | None = None
+                    ) -> dict:
+    rs = r if isinstance(r, list) else [r]
+    lps = logprobs or [None] * len(rs)
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": r.text}, "logprobs": logprobs,
-                         "finish_reason": finish(r.finish_reason)}],
-            "usage": usage(r.stats)}
+            "choices": [{"index": i, "message": {"role": "assistant", "content": x.text}, "logprobs": lp,
+                         "finish_reason": finish(x.finish_reason)} for i, (x, lp) in enumerate(zip(rs, lps))],
+            "usage": usage_of(rs)}
 
 
 def completion_chunk(rid: str, model: str, created: int, text: str, reason: str | None,

@@ -272,11 +272,18 @@ def error_reply(id, code: str, message: str, re: str | None = None) -> dict:
     return msg
 
 
-def result_reply(id: str, res: GenerationResult) -> dict:
-    msg = {"v": VERSION, "t": "result", "id": id, "text": res.text, "token_ids": list(res.token_ids),
-           "finish_reason": res.finish_reason, "stats": res.stats.to_dict()}
-    if res.logprobs is not None:  # only when asked for (params.logprobs): older clients never see the key
-        msg["logprobs"] = res.logprobs
+def result_reply(id: str, res: GenerationResult | list[GenerationResult]) -> dict:
+    """A generate's result; with params.n > 1 (a list), the first completion's fields as for n = 1, plus
+    `choices` holding all of them (index, text, token_ids, finish_reason, stats; logprobs when asked for)."""
+    rs = res if isinstance(res, list) else [res]
+    msg = {"v": VERSION, "t": "result", "id": id, "text": rs[0].text, "token_ids": list(rs[0].token_ids),
+           "finish_reason": rs[0].finish_reason, "stats": rs[0].stats.to_dict()}
+    if rs[0].logprobs is not None:  # only when asked for (params.logprobs): older clients never see the key
+        msg["logprobs"] = rs[0].logprobs
+    if isinstance(res, list):
+        msg["choices"] = [{"index": i, "text": r.text, "token_ids": list(r.token_ids),
+                           "finish_reason": r.finish_reason, "stats": r.stats.to_dict(),
+                           **({"logprobs": r.logprobs} if r.logprobs is not None else {})} for i, r in enumerate(rs)]
     return msg
 
 

@@ -158,7 +158,11 @@ class Requests:
                                                "token_ids": [], "finish_reason": "abort",
                                                "stats": RequestStats().to_dict()})
             e.started = True
-            res = await self.engine.generate(req.prompt, req.params, request_id=e.name)
+            n = req.params.get("n", 1) if isinstance(req.params, dict) else 1
+            if n != 1:  # several completions sharing the prompt (a bad n is refused by SamplingParams)
+                res = await self.engine.generate_choices(req.prompt, req.params, request_id=e.name)
+            else:
+                res = await self.engine.generate(req.prompt, req.params, request_id=e.name)
             self._finish(ident, e, P.result_reply(e.id, res))
         except asyncio.CancelledError:
             self._finish(ident, e, P.error_reply(e.id, P.ENGINE_DEAD, "server shutting down", e.t))

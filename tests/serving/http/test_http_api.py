@@ -215,7 +215,8 @@ def _error(r, status, type_=None):
 
 @pytest.mark.parametrize("body,param", [
     (b"{not json", None),
-    ({"prompt": PROMPT, "n": 2}, "n"),
+    ({"prompt": PROMPT, "n": 2, "stream": True}, "n"),          # n > 1 without streaming only
+    ({"prompt": PROMPT, "n": 0}, "n"),
     ({"prompt": PROMPT, "temperature": "hot"}, "temperature"),
     ({"prompt": PROMPT, "temperature": -1}, "temperature"),
     ({"prompt": PROMPT, "top_p": 0}, "top_p"),
@@ -349,8 +350,8 @@ def test_openai_client_sees_status_errors(client, model):
         client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=4)
     assert e.value.status_code == 404 and e.value.body["code"] == "model_not_found"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], n=3)
-    assert "n=1" in e.value.message
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}], n=3, stream=True)
+    assert "n > 1" in e.value.message
 
 
 def test_404_413(srv):

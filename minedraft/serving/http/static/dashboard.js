@@ -104,6 +104,9 @@ function showStats(m) {
     ["KV blocks free", one(m, "minedraft_kv_blocks_free") + " / " + one(m, "minedraft_kv_blocks_total")],
     ["tokens", one(m, "minedraft_output_tokens_total")],
     ["acceptance", drafted ? (100 * acc / drafted).toFixed(1) + "%" : "–"],
+    ["prefix cache", (100 * one(m, "minedraft_prefix_cache_hit_rate")).toFixed(1) + "% of prompt tokens hit, " +
+      one(m, "minedraft_prefix_cache_blocks") + " blocks, " + one(m, "minedraft_prefix_cache_evictions_total") +
+      " evicted"],
     ["requests", (m.minedraft_requests_total || []).map(s => s.labels.outcome + " " + s.value).join(", ")]];
   const el = document.getElementById("stats");
   el.replaceChildren(...items.map(([k, v]) => { const s = document.createElement("span"); s.textContent = k + ": " + v; return s; }));
