@@ -65,6 +65,8 @@ class LocalEngine:
                                           "more than the whole cache")
         while waiting or running:
             self._admit(waiting, running)
+            if not running:  # nothing can ever free a block or compute a prefix: fail instead of spinning
+                raise RuntimeError("no request can be admitted and none is running (blocks held outside generate?)")
             self.step(running)
         return [s.result() for s in states]
 

@@ -155,11 +155,16 @@ def test_hybrid_q_is_the_models_for_model_rows_and_one_hot_for_suffix_rows(tiny_
     sp = SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True)
     states = [RequestState(str(i), make_request(i, p, sp, eng.tokenizer, eng.config, 300), eng.tokenizer)
               for i, p in [(1000, x + x[:8]), (1001, [7, 8, 9])]]  # the first repeats its prompt, the second
-    eng._admit(deque(states), {})                                    # has nothing to copy
+    running = {}
+    eng._admit(deque(states), running)                               # has nothing to copy
     drafts, q = eng.drafter.draft([1000, 1001], 4)
     assert eng.drafter.sources == ["suffix", "model"] and drafts[0] == x[8:12] and len(drafts[1]) == 4
     assert torch.equal(q[0], torch.nn.functional.one_hot(torch.tensor(x[8:12]), q.shape[-1]).float())
     assert torch.allclose(q[1].sum(-1), torch.ones(4)) and bool((q[1] < 1).all())
+    for rid in running:  # drop both (never verified) so their blocks and pending prefix are freed
+        eng.verifier.remove(rid)
+        eng.drafter.remove(rid)
+        eng.admission.release(rid)
     res = eng.generate([x + x[:8], [7, 8, 9]] * 4, sp)  # sampled hybrid rows run to the end
     assert all(len(r.token_ids) == 8 for r in res)
 
