@@ -122,6 +122,7 @@ class Engine:
         cfg = self.config
         loop = asyncio.get_running_loop()
         self.tokenizer, vocab, eos = await loop.run_in_executor(None, _load_tokenizer_and_meta, cfg)
+        self.eos_token_ids = list(eos)  # the ids that end a request unless ignore_eos (HTTP logprobs leave them out)
         draft_dev, target_dev = _resolve_devices(cfg)
         draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.core_mode)  # may raise: first
         self._tmp = tempfile.mkdtemp(prefix="minedraft-")

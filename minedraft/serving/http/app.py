@@ -113,15 +113,22 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
     created = int(time.time())
     token_text = None  # logprobs' token strings, once a request asks for them (the engine has its tokenizer then)
 
-    def logprobs_of(ids: list[int], lps: list | None, chat: bool, offset0: int = 0) -> dict | None:
+    def logprobs_of(ids: list[int], lps: list | None, chat: bool, offset0: int = 0, params=None,
+                    reason: str | None = None) -> dict | None:
         nonlocal token_text
         if lps is None:
             return None
+        if reason == "stop" and ids and ids[-1] in stop_ids(params):
+            # the stop token is in token_ids but not in the text: OpenAI's logprobs follow the text
+            ids, lps = ids[:-1], lps[:len(ids) - 1]
         if token_text is None:
             token_text = ctl.TokenText(engine.tokenizer)
         if chat:
             return ctl.chat_logprobs(token_text, ids, lps)
         return ctl.completion_logprobs(token_text, ids, lps, offset0)
+
+    def stop_ids(params) -> set:
+        return set(params.stop_token_ids or ()) | (set() if params.ignore_eos else set(engine.eos_token_ids))
 
     def check_key(request: Request) -> None:
         if api_key is None:
@@ -180,7 +187,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             raise _engine_error(e, req, chat) from None
         rs = res if isinstance(res, list) else [res]
         return JSONResponse((oa.chat_completion if chat else oa.completion)(
-            rid, req.model, res, [logprobs_of(r.token_ids, r.logprobs, chat) for r in rs]))
+            rid, req.model, res, [logprobs_of(r.token_ids, r.logprobs, chat, 0, req.params, r.finish_reason) for r in rs]))
 
     async def _stream(request: Request, deltas, rid: str, req: oa.ParsedRequest, chat: bool):
         # Wait for the first delta before answering, so a refused request (400/429/503) gets its status code
@@ -201,7 +208,8 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
 
         def chunk(d) -> dict:
             reason = d.finish_reason if d.finished else None
-            lp = logprobs_of(pending[0], pending[1], chat, offset[0]) if req.params.logprobs is not None else None
+            lp = (logprobs_of(pending[0], pending[1], chat, offset[0], req.params, reason)
+                  if req.params.logprobs is not None else None)
             if lp is not None and not chat:
                 offset[0] += sum(map(len, lp["tokens"]))
             pending[0], pending[1] = [], []

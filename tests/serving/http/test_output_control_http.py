@@ -101,6 +101,34 @@ def test_chat_logprobs_equal_transformers_streamed_and_not(srv, client, model, h
     assert [x.token for x in streamed] == [c.token for c in content]
 
 
+def test_logprobs_leave_out_the_stop_token_as_the_text_does(srv, client, model):
+    """A request that ends on a stop token has it in token_ids but not in its text: the logprobs (chat content,
+    completion tokens) follow the text, streamed and not."""
+    free = srv.call(srv.engine.generate(PROMPT, {"max_tokens": 12, "temperature": 0, "ignore_eos": True}))
+    stop_at = next(i for i in range(3, 12) if free.token_ids[i] not in free.token_ids[:i])
+    stop_id = free.token_ids[stop_at]
+    kw = dict(model=model, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=2,
+              extra_body={"ignore_eos": True, "stop_token_ids": [stop_id]})
+    r = client.completions.create(**kw)
+    assert r.choices[0].finish_reason == "stop"
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == stop_at and "".join(lp.tokens) == r.choices[0].text
+    streamed = [t for c in client.completions.create(stream=True, **kw)
+                if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert streamed == lp.tokens
+    msgs = [{"role": "user", "content": "Tell me about loops."}]
+    free = srv.call(srv.engine.chat(msgs, {"max_tokens": 12, "temperature": 0, "ignore_eos": True}))
+    stop_at = next(i for i in range(3, 12) if free.token_ids[i] not in free.token_ids[:i])
+    ckw = dict(model=model, messages=msgs, max_tokens=12, temperature=0, logprobs=True,
+               extra_body={"ignore_eos": True, "stop_token_ids": [free.token_ids[stop_at]]})
+    c = client.chat.completions.create(**ckw)
+    assert c.choices[0].finish_reason == "stop" and len(c.choices[0].logprobs.content) == stop_at
+    assert "".join(x.token for x in c.choices[0].logprobs.content) == c.choices[0].message.content
+    streamed = [x.token for ch in client.chat.completions.create(stream=True, **ckw)
+                if ch.choices and ch.choices[0].logprobs for x in ch.choices[0].logprobs.content]
+    assert streamed == [x.token for x in c.choices[0].logprobs.content]
+
+
 def test_penalties_and_bias_change_the_output_over_http(client, model):
     base = dict(model=model, prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
     plain = client.completions.create(**base).choices[0].text
