@@ -268,8 +268,10 @@ class DynamicSpeculation:
         # goodput: this step's tokens over the time since the previous verdict, from the third step at k
         wall = m.t1 - prev_t1 if self.run >= 2 and m.t1 > prev_t1 else None
         ctl = self.controller
+        # rows that carried no drafts (budget 0, speculate=False, no suffix match) tell nothing about k's gain
+        drafting = sum(1 for r in res if r.num_drafted) if k else len(res)
         ctl.observe(k, draft_s, m.t1 - m.t0, sum(r.num_accepted for r in res),
-                    sum(1 for r in res if r.num_accepted < r.num_drafted), rows=running, step_rows=len(res),
+                    sum(1 for r in res if r.num_accepted < r.num_drafted), rows=running, step_rows=drafting or len(res),
                     tokens=sum(len(r.new_tokens) for r in res), wall_s=wall)
         new_k = ctl.choose(running)
         if new_k != k:

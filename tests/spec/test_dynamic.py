@@ -318,3 +318,20 @@ def test_drafting_must_beat_plain_decoding_by_the_zero_margin(gain, drafts):
         ctl.observe(2, 0.002, 0.010, 2, 4, rows=8, step_rows=4, tokens=6, wall_s=0.010)
     assert ctl.rate(1, 8) == pytest.approx(gain * ctl.rate(0, 8))
     assert (ctl.choose(8) == 1) == drafts, ctl.history
+
+
+def test_rows_without_drafts_do_not_dilute_the_measured_gain():
+    """A verdict whose rows have budget 0 beside drafting rows: the gain at k is measured on the drafting rows
+    only (a budget-0 row emits one token whatever k is), and those rows are not rejections."""
+    from types import SimpleNamespace
+
+    from minedraft.ipc.messages import StepResult, Verdict
+    from minedraft.spec.dynamic import DynamicSpeculation
+    sched = SimpleNamespace(running={}, set_k=lambda k: None)
+    cfg = SimpleNamespace(mode="sequential", k=3, max_draft=3, tetris=True)
+    dyn = DynamicSpeculation(cfg, sched)
+    rows = [StepResult(i, [1, 2, 3, 4], 3, 3, None) for i in range(2)] + [StepResult(i, [1], 0, 0, None)
+                                                                          for i in range(2, 6)]
+    dyn(Verdict(0, 0, rows, 1.0, 1.1, False, 0.9, 1.0, 3, False))
+    assert dyn.controller.gain[3] == pytest.approx(4.0)  # every drafting row kept 3 of 3
+    assert dyn.controller.alpha > 0.7                     # no rejection was counted
