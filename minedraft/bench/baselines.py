@@ -108,3 +108,40 @@ def headline(rows: list[tuple[str, dict]]) -> str:
         return "headline: no workload has both a minedraft row and another row to compare"
     return ("headline: minedraft's best over the best other row, same hardware (above 1x minedraft is faster, "
             "below 1x slower): " + "; ".join(parts))
+
+
+def hf_assisted(target: str, draft: str, prompts, max_tokens: int, repeats: int, bar=None,
+                dtype="float32", threads: int = 1) -> dict:
+    """transformers' assisted generation (assistant_model), batch 1 (its only mode), greedy, `threads` threads."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    torch.set_num_threads(threads)
+    dtype = getattr(torch, dtype)
+    tok = AutoTokenizer.from_pretrained(target, local_files_only=True)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    tm = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, local_files_only=True).to(dev).eval()
+    from ..config import self_scheme
+    scheme = self_scheme(draft)
+    if scheme is not None:  # the same self-draft the engine builds, as a transformers model
+        from ..workers.self_draft import convert
+        dm = convert(AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32, local_files_only=True)
+                     .to(dev), scheme)
+    else:
+        dm = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype, local_files_only=True).to(dev).eval()
+    runs = []
+    for _ in range(repeats):
+        lat, n = [], 0
+        t0 = time.perf_counter()
+        for p in prompts:
+            ids = (torch.tensor([p]) if isinstance(p, list) else tok(p, return_tensors="pt").input_ids).to(dev)
+            s = time.perf_counter()
+            with torch.no_grad():
+                out = tm.generate(ids, assistant_model=dm, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                  do_sample=False, pad_token_id=tok.eos_token_id)
+            lat.append(time.perf_counter() - s)
+            n += out.shape[1] - ids.shape[1]
+        wall = time.perf_counter() - t0
+        runs.append({"tok_s": n / wall, "lat_p50": _pct(lat, 0.5), "lat_p99": _pct(lat, 0.99)})
+        if bar:
+            bar.update(1)
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}

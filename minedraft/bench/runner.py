@@ -18,7 +18,7 @@ import time
 
 from tqdm import tqdm
 
-from .baselines import IN_PROCESS_AR, headline, in_process_rows, in_process_runs
+from .baselines import IN_PROCESS_AR, headline, hf_assisted, in_process_rows, in_process_runs
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
 from ..cores import available_cores, format_cores, threads_for
 from ..sampling_params import SamplingParams
@@ -108,58 +108,23 @@ def _median(rows: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
-def hf_assisted(target: str, draft: str, prompts, max_tokens: int, repeats: int, bar=None,
-                dtype="float32", threads: int = 1) -> dict:
-    """transformers' assisted generation (assistant_model), batch 1 (its only mode), greedy, `threads` threads."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    torch.set_num_threads(threads)
-    dtype = getattr(torch, dtype)
-    tok = AutoTokenizer.from_pretrained(target, local_files_only=True)
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    tm = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, local_files_only=True).to(dev).eval()
-    from ..config import self_scheme
-    scheme = self_scheme(draft)
-    if scheme is not None:  # the same self-draft the engine builds, as a transformers model
-        from ..workers.self_draft import convert
-        dm = convert(AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32, local_files_only=True)
-                     .to(dev), scheme)
-    else:
-        dm = AutoModelForCausalLM.from_pretrained(draft, dtype=dtype, local_files_only=True).to(dev).eval()
-    runs = []
-    for _ in range(repeats):
-        lat, n = [], 0
-        t0 = time.perf_counter()
-        for p in prompts:
-            ids = (torch.tensor([p]) if isinstance(p, list) else tok(p, return_tensors="pt").input_ids).to(dev)
-            s = time.perf_counter()
-            with torch.no_grad():
-                out = tm.generate(ids, assistant_model=dm, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                  do_sample=False, pad_token_id=tok.eos_token_id)
-            lat.append(time.perf_counter() - s)
-            n += out.shape[1] - ids.shape[1]
-        wall = time.perf_counter() - t0
-        runs.append({"tok_s": n / wall, "lat_p50": _pct(lat, 0.5), "lat_p99": _pct(lat, 0.99)})
-        if bar:
-            bar.update(1)
-    return _median(runs)
-
-
 COLS = [("tok_s", "tok/s", "{:8.1f}"), ("lat_p50", "lat p50 s", "{:9.3f}"), ("lat_p99", "lat p99 s", "{:9.3f}"),
         ("ttft_p50", "ttft s", "{:7.3f}"), ("accept", "accept", "{:6.2f}"), ("mean_len", "tok/step", "{:8.2f}"),
         ("ver_step", "ver/step", "{:8.1f}"), ("out_ver", "out/ver", "{:7.2f}"),
         ("td_ms", "Td ms", "{:7.2f}"), ("tv_ms", "Tv ms", "{:7.2f}"), ("step_ms", "step ms", "{:7.2f}"),
-        ("overlap", "overlap", "{:7.2f}"), ("same", "same", "{:5.2f}")]
+        ("overlap", "overlap", "{:7.2f}"), ("same", "same", "{:5.2f}"), ("ctl_ms", "ctl +ms", "{:7.2f}")]
 
 
 LEGEND = ("accept: accepted / drafted tokens (- : the row never drafts); tok/step: output tokens per request "
           "step; ver/step: tokens the verifier scores per step (drafts + one per request); out/ver: output tokens "
           "per scored token; Td/Tv: draft/verify time per step; overlap: max(Td, Tv) / step time; same: share of "
-          "greedy outputs equal to the target alone's")
+          "greedy outputs equal to the target alone's; ctl +ms (--control): step ms over the same row's free run, "
+          "the price of the controls per step")
 
 
 def format_table(rows: list[tuple[str, dict]]) -> str:
-    head = f"{'setting':50s}" + "".join(f"{h:>{len(fmt.format(0))+1}s}" for _, h, fmt in COLS)
+    w = max([50] + [len(n) + 1 for n, _ in rows])
+    head = f"{'setting':{w}s}" + "".join(f"{h:>{len(fmt.format(0))+1}s}" for _, h, fmt in COLS)
     lines = [head, "-" * len(head)]
     for name, m in rows:
         never_drafts = name.startswith(("autoregressive", IN_PROCESS_AR))
@@ -169,11 +134,21 @@ def format_table(rows: list[tuple[str, dict]]) -> str:
             if k == "accept" and never_drafts:
                 return f"{'-':>{width}s}"
             return fmt.format(m[k]) if k in m else " " * width
-        lines.append(f"{name:50s}" + "".join(" " + cell(k, fmt) for k, _, fmt in COLS))
+        lines.append(f"{name:{w}s}" + "".join(" " + cell(k, fmt) for k, _, fmt in COLS))
     return "\n".join(lines + [LEGEND])
 
 
-async def _bench(args) -> list[tuple[str, dict]]:
+# --control: the output controls a run's requests carry (spec/controls.py), to price them against free requests
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 3}},
+    "required": ["name", "age", "tags"], "additionalProperties": False}
+CONTROLS = {"free": {}, "penalties": dict(frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.1),
+            # structured output ends on eos (ignore_eos is refused with it): outputs may be shorter than max_tokens
+            "schema": dict(json_schema=SCHEMA, ignore_eos=False)}
+
+
+async def _bench(args, control: str = "free") -> list[tuple[str, dict]]:
     ks = args.k or [4]
     batches = args.batch or [16]
     rates = args.rate or [None]
@@ -207,8 +182,8 @@ async def _bench(args) -> list[tuple[str, dict]]:
     check = args.temperature == 0 and "autoregressive" in modes
     # unseeded by default: seeded sampled requests take the coupled path (batch_sampling), whose acceptance is
     # lower than rejection sampling's
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True,
-                            seed=args.seed)
+    params = SamplingParams(**{**dict(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True,
+                                      seed=args.seed), **CONTROLS[control]})
     for mode in modes:
         variants = [(False, None, t) for t in tetris] if mode == "sequential" else [(False, None, False)]
         if mode == "minedraft":  # the core split sweep; adaptive k runs with the default split
@@ -321,6 +296,24 @@ def ratios(rows: list[tuple[str, dict]]) -> list[str]:
     return out
 
 
+def price_controls(by_control: dict[str, list[tuple[str, dict]]]) -> list[tuple[str, dict]]:
+    """One table from the runs of each --control: a controlled row is named "... B=8 control=schema" (its own
+    workload group: compared with rows under the same control) and gets ctl_ms, its step time over the same row's
+    free run."""
+    if list(by_control) == ["free"]:
+        return by_control["free"]
+    free = dict(by_control.get("free", []))
+    rows = []
+    for c, rs in by_control.items():
+        for name, m in rs:
+            if c != "free":
+                if name in free and "step_ms" in m and "step_ms" in free[name]:
+                    m = {**m, "ctl_ms": m["step_ms"] - free[name]["step_ms"]}
+                name = f"{name} control={c}"
+            rows.append((name, m))
+    return rows
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="minedraft bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -359,6 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="docs: documentation snippets as plain prompts; chat: held-out open chat questions (= --chat; "
                         "the control for suffix drafts); grounded: chat requests whose answer reuses the prompt "
                         "(edit a stdlib function, quote a passage, table to JSON, restate an answer)")
+    p.add_argument("--control", nargs="+", choices=tuple(CONTROLS), default=["free"],
+                   help="output controls every request carries, swept: free (none), penalties (frequency, presence "
+                        "and repetition), schema (a JSON schema); rows with a control also show its price per step "
+                        "over the free run (ctl +ms) when free is swept too (default: free)")
     p.add_argument("--hybrid", metavar="DIR", help="also run minedraft with draft 'suffix+DIR' (the hybrid)")
     p.add_argument("--hybrid-threshold", type=float, default=1.0,
                    help="the hybrid's suffix score threshold (default: 1.0)")
@@ -393,9 +390,10 @@ def main(argv=None) -> int:
             args.draft = DEFAULT_DRAFT
         try:
             import uvloop
-            rows = uvloop.run(_bench(args))
+            run = uvloop.run
         except ImportError:  # pragma: no cover
-            rows = asyncio.run(_bench(args))
+            run = asyncio.run
+        rows = price_controls({c: run(_bench(args, c)) for c in dict.fromkeys(args.control)})
     except ValueError as e:  # a setting the engine rejects (cores, sizes): one line, not a traceback
         print(f"minedraft bench: error: {e}")
         return 2
