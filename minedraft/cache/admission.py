@@ -12,6 +12,8 @@ import hashlib
 
 from .blocks import BlockManager
 
+PASS_OVER = 64  # requests waiting on a pending prefix that one admission pass looks past
+
 
 def cache_namespace(config) -> bytes:
     """What a block's content depends on besides its tokens: both models (a feature-conditioned draft's inputs
@@ -34,14 +36,31 @@ class Admission:
     def fits_ever(self, req) -> bool:
         return self.blocks.blocks_for(self.reserve(req)) <= self.blocks.num_blocks
 
-    def try_admit(self, req) -> bool:
-        """Give req its blocks (req.blocks, req.cached) if it can start now; False: it must wait."""
-        need, pending = self.blocks.cost(req.prompt_ids, self.reserve(req))
-        if pending or need > self.blocks.num_available:
-            return False
-        req.blocks, req.cached = self.blocks.admit(req.rid, req.prompt_ids, self.reserve(req))
-        self._tokens[req.rid] = list(req.prompt_ids)
-        return True
+    def admit_from(self, waiting, room: int) -> list:
+        """Admit up to `room` requests of the queue `waiting` (request states, oldest first), removing them from
+        it and giving each its blocks (req.blocks, req.cached); returns them in queue order.
+
+        A request waiting for another's pending prefix is passed over: it cannot start before that prefix is
+        computed, and the requests behind it should not wait for that (at most PASS_OVER of them are passed, so
+        a long queue of siblings costs bounded work per call). A request whose blocks do not fit stops the scan:
+        memory goes first come, first served, so a long prompt is not starved by short ones behind it."""
+        out, i, passed = [], 0, 0
+        while len(out) < room and i < len(waiting):
+            req = waiting[i].req
+            need, pending = self.blocks.cost(req.prompt_ids, self.reserve(req))
+            if pending:
+                passed += 1
+                if passed > PASS_OVER:
+                    break
+                i += 1
+                continue
+            if need > self.blocks.num_available:
+                break
+            req.blocks, req.cached = self.blocks.admit(req.rid, req.prompt_ids, self.reserve(req))
+            self._tokens[req.rid] = list(req.prompt_ids)
+            out.append(waiting[i])
+            del waiting[i]
+        return out
 
     def on_result(self, rid: int, new_tokens) -> None:
         toks = self._tokens.get(rid)

@@ -71,11 +71,7 @@ class LocalEngine:
         return [s.result() for s in states]
 
     def _admit(self, waiting, running) -> None:
-        while waiting and len(running) < self.config.max_batch_size:
-            s = waiting[0]
-            if not self.admission.try_admit(s.req):
-                break  # waits until a running request frees its blocks, or its shared prefix is computed
-            waiting.popleft()
+        for s in self.admission.admit_from(waiting, self.config.max_batch_size - len(running)):
             self.verifier.add(s.req)
             if self.drafter:
                 self.drafter.add(s.req)

@@ -158,11 +158,8 @@ class AsyncScheduler:
         return self.admission.free_blocks
 
     def _admit(self) -> None:
-        while self.waiting and len(self.running) < self.config.max_batch_size:
-            s = self.waiting[0]
-            if not self.admission.try_admit(s.req):
-                return  # waits for a running request to finish, or for its shared prefix to be computed
-            self.waiting.popleft()
+        # the rest wait for a running request to finish, or for their shared prefix to be computed
+        for s in self.admission.admit_from(self.waiting, self.config.max_batch_size - len(self.running)):
             b = 0 if self.config.mode != "minedraft" else int(self.batch_sizes[1] < self.batch_sizes[0])
             self.batch_sizes[b] += 1
             self.batch_of[s.req.rid] = b

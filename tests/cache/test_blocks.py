@@ -232,3 +232,33 @@ def test_cli_flag_turns_prefix_caching_off():
     on = cli._engine_kw(cli.build_parser().parse_args(["generate", "x"]))
     off = cli._engine_kw(cli.build_parser().parse_args(["serve", "--no-prefix-caching"]))
     assert on["prefix_caching"] is True and off["prefix_caching"] is False
+
+
+def test_admission_passes_over_a_request_waiting_for_a_pending_prefix_but_not_one_waiting_for_memory():
+    """The scheduler's and LocalEngine's admission: a request whose prefix another request is still computing
+    does not hold back a distinct request behind it; one that does not fit stops the queue (first come, first
+    served for memory)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from minedraft.cache.admission import Admission
+    from minedraft.ipc.messages import NewRequest
+    from minedraft.sampling_params import SamplingParams
+    cfg = SimpleNamespace(kv_cache_tokens=64 * 16, block_size=16, prefix_caching=True, target="t", draft="d",
+                          dtype="float32", speculative=True)
+    adm = Admission(cfg, max_draft=3)
+
+    def state(rid, prompt, max_tokens=8):
+        return SimpleNamespace(req=NewRequest(rid, prompt, SamplingParams(max_tokens=max_tokens), 0))
+    shared = list(range(100, 148))  # three full blocks
+    a, b, c = state(0, shared + [1]), state(1, shared + [2]), state(2, list(range(300, 340)))
+    assert adm.admit_from(deque([a]), 8) == [a] and a.req.cached == 0
+    q = deque([b, c])
+    assert adm.admit_from(q, 8) == [c] and list(q) == [b]   # b waits for a's prefix; c, behind it, starts
+    adm.on_result(0, [5])                                    # a's prefill ran: its prompt blocks are ready
+    assert adm.admit_from(q, 8) == [b] and b.req.cached == 48 and not q
+    big, small = state(3, list(range(500, 532)), max_tokens=900), state(4, [7, 8, 9])
+    assert adm.fits_ever(big.req) and adm.blocks.cost(big.req.prompt_ids, adm.reserve(big.req))[0] > adm.free_blocks
+    q = deque([big, small])
+    assert adm.admit_from(q, 8) == [] and list(q) == [big, small]  # big does not fit yet: small waits behind it
+    assert adm.admit_from(deque([small]), 0) == []                  # no room in the batch
