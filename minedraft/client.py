@@ -220,10 +220,8 @@ class Client:
         return rid, q
 
     # -- API -------------------------------------------------------------------------------------------------
-    async def generate_choices(self, prompt, params: dict | SamplingParams | None = None, *,
-                               request_id: str | None = None, timeout: float | None = None
-                               ) -> list[GenerationResult]:
-        """A generate with params n > 1: the n completions of one prompt (the server shares its KV blocks)."""
+    async def _reply(self, prompt, params, request_id: str | None, timeout: float | None) -> tuple[str, dict]:
+        """Send one generate and wait for its final reply: (request id, the checked reply message)."""
         rid, q = self._register(request_id)
         finished = False
         try:
@@ -231,30 +229,26 @@ class Client:
                 {"t": "generate", "id": rid, "prompt": prompt, "params": _params(params)}, q.get,
                 self._timeout(timeout)))
             finished = True
-            return [P.result_from_reply({**c, "id": rid}) for c in msg["choices"]] if "choices" in msg \
-                else [P.result_from_reply(msg)]
+            return rid, msg
         except P.MinedraftError:
             finished = True
             raise
         finally:
             self._release(rid, finished)
 
+    async def generate_choices(self, prompt, params: dict | SamplingParams | None = None, *,
+                               request_id: str | None = None, timeout: float | None = None
+                               ) -> list[GenerationResult]:
+        """A generate with params n > 1: the n completions of one prompt (the server shares its KV blocks)."""
+        rid, msg = await self._reply(prompt, params, request_id, timeout)
+        if "choices" in msg:
+            return [P.result_from_reply({**c, "id": rid}) for c in msg["choices"]]
+        return [P.result_from_reply(msg)]
+
     async def generate(self, prompt, params: dict | SamplingParams | None = None, *,
                        request_id: str | None = None, timeout: float | None = None) -> GenerationResult:
         """Run one request to completion. Cancelling the awaiting task cancels it on the server."""
-        rid, q = self._register(request_id)
-        finished = False
-        try:
-            msg = self._check(await self._exchange(
-                {"t": "generate", "id": rid, "prompt": prompt, "params": _params(params)}, q.get,
-                self._timeout(timeout)))
-            finished = True
-            return P.result_from_reply(msg)
-        except P.MinedraftError:
-            finished = True
-            raise
-        finally:
-            self._release(rid, finished)
+        return P.result_from_reply((await self._reply(prompt, params, request_id, timeout))[1])
 
     async def stream(self, prompt, params: dict | SamplingParams | None = None, *,
                      request_id: str | None = None, timeout: float | None = None) -> AsyncIterator[StreamDelta]:
