@@ -98,7 +98,10 @@ async def _bench(args) -> list[str]:
             "suffixes": [_text_ids(tok, args.suffix, 100 + i) for i in range(args.requests)],
             "questions": [[_text_ids(tok, args.suffix, 200 + 10 * c + t) for t in range(args.turns)]
                           for c in range(args.chats)],
-            "distinct": [_text_ids(tok, rng.randint(32, 96), 300 + i) for i in range(args.batch)]}
+            # a numbered first line: no two distinct prompts (and none of them and the rest) share a first block,
+            # even when they start on the same documentation page
+            "distinct": [(tok.encode(f"Note {i}: ") + _text_ids(tok, 96, 300 + i))[:rng.randint(32, 96)]
+                         for i in range(args.batch)]}
     need = args.prefix + args.turns * (args.suffix + args.max_tokens) + 8
     runs: dict[bool, list[dict]] = {True: [], False: []}
     for rep in range(args.repeats):
