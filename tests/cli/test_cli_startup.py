@@ -72,8 +72,10 @@ def test_bad_model_directory_answers_before_loading(tmp_path, capsys):
 def _interrupt(argv: list[str], when) -> tuple[int, str, str]:
     """Run the CLI in its own session and send SIGINT to its whole process group, as a terminal's Ctrl-C does,
     once when(proc, stdout_so_far) is true."""
+    # SIGINT as a terminal leaves it (a shell's background job would inherit it ignored, and never see Ctrl-C)
     proc = subprocess.Popen([sys.executable, "-m", "minedraft", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=_env(), start_new_session=True)
+                            stderr=subprocess.PIPE, env=_env(), start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.set_blocking(proc.stdout.fileno(), False)
     out = b""
     t0 = time.monotonic()
