@@ -51,7 +51,10 @@ class EngineConfig:
     draft: str = DEFAULT_DRAFT       # a draft model folder, or "self:int4" / "self:bf16" (the target's own weights)
     mode: str = "minedraft"          # two-batch overlap | standard SD | target alone
     k: int = 4                       # draft tokens per step (the upper bound when adaptive_k)
-    adaptive_k: bool = False         # dynamic speculation: pick k per step (0..k) from measured cost and acceptance
+    # dynamic speculation: pick k per step (0..k) from measured cost and acceptance. On by default: it starts at
+    # k = 0 in minedraft mode and drafts only once drafting measurably pays, so a draft that does not pay on this
+    # host costs next to nothing (README "Defaults"; docs/BENCHMARKS.md "Defaults")
+    adaptive_k: bool = True
     tetris: bool = False             # draft k + tetris_extra per row, keep the batch's tetris_capacity best drafts
     tetris_capacity: int | None = None  # draft tokens verified per step in Tetris mode (default: k x rows)
     tetris_extra: int = 2            # extra drafts per row Tetris may choose from

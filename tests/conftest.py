@@ -131,6 +131,7 @@ def bundled_pair():
 
 def engine_config(pair, target: str | None = None, **kw):
     """An EngineConfig on a test pair: the pair's target (or `target`) and draft, then each test module's own
-    defaults and the test's overrides (modules bind theirs with functools.partial; later keywords win)."""
+    defaults and the test's overrides (modules bind theirs with functools.partial; later keywords win). Fixed k
+    unless a test asks for dynamic speculation (the engine's default): these tests drive the drafts themselves."""
     from minedraft.config import EngineConfig
-    return EngineConfig(target=target or pair.target, draft=pair.draft, **kw)
+    return EngineConfig(**{"target": target or pair.target, "draft": pair.draft, "adaptive_k": False, **kw})

@@ -332,8 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default: 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     p.add_argument("--repeats", type=int, default=3, help="runs per setting; medians are reported (default: 3)")
-    p.add_argument("--adaptive", "--dynamic", action="store_true", dest="adaptive",
-                   help="also run minedraft with dynamic speculation (adaptive k, 0 included)")
+    p.add_argument("--dynamic", "--adaptive", action=argparse.BooleanOptionalAction, dest="adaptive", default=True,
+                   help="also run minedraft with dynamic speculation (adaptive k, 0 included; the engine's "
+                        "default), on by default; --no-dynamic leaves that row out")
     p.add_argument("--tetris", choices=("off", "on", "both"), default="off",
                    help="sequential and minedraft rows without Tetris, with it, or both (default: off)")
     p.add_argument("--tetris-extra", type=int, default=2, help="Tetris: extra drafts per request (default: 2)")

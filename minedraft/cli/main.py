@@ -44,9 +44,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "speculative decoding; autoregressive: target alone")
     g.add_argument("--k", type=int, default=_default("k"), metavar="K",
                    help="draft tokens per speculative step (1..16; ignored in autoregressive mode)")
-    g.add_argument("--adaptive-k", "--dynamic", action="store_true", dest="adaptive_k",
-                   help="dynamic speculation: pick the draft budget per step (0..--k, 0 = plain decoding) from "
-                        "measured draft/verify cost and acceptance, per batch size")
+    g.add_argument("--dynamic", "--adaptive-k", action=argparse.BooleanOptionalAction, dest="adaptive_k",
+                   default=_default("adaptive_k"),
+                   help="dynamic speculation (on by default): pick the draft budget per step (0..--k, 0 = plain "
+                        "decoding) from measured draft/verify cost and acceptance, per batch size; --no-dynamic "
+                        "drafts --k tokens every step")
     g.add_argument("--tetris", action="store_true", help="draft k + --tetris-extra tokens per request and verify "
                    "only the batch's --tetris-capacity most promising draft prefixes")
     g.add_argument("--tetris-capacity", type=_positive_int, default=None, metavar="C",

@@ -136,7 +136,7 @@ def test_control_sweep_prices_each_control_against_the_free_run(tiny_pair):
     args = bench.build_parser().parse_args(
         ["--target", tiny_pair.target, "--draft", tiny_pair.draft, "--repeats", "1", "--batch", "2", "--k", "3",
          "--max-tokens", "24", "--kv-cache-tokens", "8192", "--modes", "autoregressive", "minedraft",
-         "--control", "free", "schema"])
+         "--control", "free", "schema", "--no-dynamic"])
     rows = bench.price_controls({c: asyncio.run(bench._bench(args, c)) for c in args.control})
     by = dict(rows)
     md = by["minedraft k=3 B=2 control=schema"]

@@ -138,7 +138,10 @@ def test_tetris_and_dynamic_flags_reach_the_config(tiny_pair):
     assert cfg.max_draft == cfg.k + 3
     plain = cli._generate_config(cli.build_parser().parse_args(["generate", "x", "--target", tiny_pair.target,
                                                                  "--draft", tiny_pair.draft]))
-    assert (plain.tetris, plain.adaptive_k, plain.max_draft) == (False, False, plain.k)
+    assert (plain.tetris, plain.adaptive_k, plain.max_draft) == (False, True, plain.k)  # dynamic by default
+    fixed = cli._generate_config(cli.build_parser().parse_args(["generate", "x", "--target", tiny_pair.target,
+                                                                 "--draft", tiny_pair.draft, "--no-dynamic"]))
+    assert fixed.adaptive_k is False
 
 
 def test_python_dash_m_runs_the_cli():

@@ -75,7 +75,8 @@ CASES = [("trained", {"mode": m}) for m in ("minedraft", "sequential", "autoregr
 async def test_greedy_equals_transformers_generate(pair, prompts, hf_reference, draft, kw):
     mode = kw["mode"]
     cfg = EngineConfig(target=pair[0], draft=pair[1] if draft == "trained" else draft, k=3, max_prompt_tokens=256,
-                       max_tokens_limit=64, kv_cache_tokens=8192, max_batch_size=8, **kw)
+                       max_tokens_limit=64, kv_cache_tokens=8192, max_batch_size=8,
+                       **{"adaptive_k": False, **kw})  # fixed k unless the case says dynamic
     async with Engine(cfg) as engine:
         import asyncio
         results = await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=MAX_TOKENS))

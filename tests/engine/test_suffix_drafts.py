@@ -27,7 +27,7 @@ PROMPTS = [list(range(3, 23)) + list(range(3, 9)), [7, 7, 8, 9, 7, 7, 8], [40, 4
 def _cfg(pair, draft="suffix", **kw) -> EngineConfig:
     d = draft.replace("MODEL", pair.draft)
     base = dict(target=pair.target, draft=d, k=6, max_prompt_tokens=128, max_tokens_limit=64, kv_cache_tokens=8192,
-                max_batch_size=16)
+                max_batch_size=16, adaptive_k=False)  # fixed k unless a test asks for dynamic speculation
     base.update(kw)
     return EngineConfig(**base)
 

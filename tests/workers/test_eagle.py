@@ -65,7 +65,8 @@ def hf(tiny_pair, eagle_draft):
 
 
 def _kw(tiny_pair, **kw):
-    return dict(target=tiny_pair.target, max_prompt_tokens=64, max_tokens_limit=48, kv_cache_tokens=8192, **kw)
+    return dict(target=tiny_pair.target, max_prompt_tokens=64, max_tokens_limit=48, kv_cache_tokens=8192,
+                adaptive_k=False, **kw)  # fixed k: these tests measure the draft
 
 
 def _greedy(n=40):

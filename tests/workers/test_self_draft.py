@@ -115,7 +115,8 @@ CASES = [("int4", dict(mode="minedraft")), ("int4", dict(mode="sequential")), ("
 @pytest.mark.parametrize("scheme,kw", CASES, ids=[f"{s}-{'-'.join(map(str, k.values()))}" for s, k in CASES])
 async def test_engine_greedy_equals_target_alone(bundled_pair, alone, scheme, kw):
     target, _ = bundled_pair
-    async with Engine(EngineConfig(draft=f"self:{scheme}", k=3, **_kw(target), **kw)) as engine:
+    async with Engine(EngineConfig(draft=f"self:{scheme}", k=3, **_kw(target), **{"adaptive_k": False, **kw})) \
+            as engine:
         res = await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=40, ignore_eos=True))
                                      for p in PROMPTS))
         where = await engine.placement()

@@ -13,6 +13,8 @@ import pytest
 from cdp import Browser, find_chromium
 from http_harness import ServerThread
 
+from minedraft.config import EngineConfig
+
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
@@ -28,7 +30,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def srv():
-    s = ServerThread().start()
+    s = ServerThread(EngineConfig(adaptive_k=False)).start()  # fixed k: the charts show drafts at once
     yield s
     s.stop()
 

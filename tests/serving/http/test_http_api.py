@@ -30,7 +30,8 @@ KEY = "s3cret-key"
 @pytest.fixture(scope="module")
 def srv():
     # small queue and batch so 429 is reachable; everything else the defaults
-    s = ServerThread(EngineConfig(max_batch_size=4, max_queue=2), max_body_bytes=MAX_BODY).start()
+    # fixed k: the metrics tests read drafts by position
+    s = ServerThread(EngineConfig(max_batch_size=4, max_queue=2, adaptive_k=False), max_body_bytes=MAX_BODY).start()
     yield s
     s.stop()
 

@@ -28,7 +28,7 @@ LOGPROB_TOL = 1e-4  # float32 paged-KV forward vs transformers' full forward, sa
 
 @pytest.fixture(scope="module")
 def srv():
-    s = ServerThread(EngineConfig(max_batch_size=16, k=3)).start()
+    s = ServerThread(EngineConfig(max_batch_size=16, k=3, adaptive_k=False)).start()  # fixed k: acceptance printed
     yield s
     s.stop()
 
