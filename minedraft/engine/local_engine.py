@@ -97,6 +97,6 @@ class LocalEngine:
                 if r.rid in self.verifier.seqs:  # a stop string ended it, not the verifier
                     self.verifier.remove(r.rid)
                 if self.drafter:
-                    self.drafter.remove(r.rid)
+                    self.drafter.remove(r.rid, r.new_tokens)
             elif self.drafter:
                 self.drafter.apply(r.rid, r.num_accepted, r.new_tokens, feats)

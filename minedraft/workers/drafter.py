@@ -67,7 +67,8 @@ class Drafter:
             return False
         return not self.features or s.feats.shape[0] >= len(s.tokens) - self.runner.cache.length(rid)
 
-    def remove(self, rid: int) -> None:
+    def remove(self, rid: int, last_tokens=()) -> None:
+        """Drop a request (finished: last_tokens are its final verdict's, which a model draft has no use for)."""
         self.seqs.pop(rid, None)
         self.runner.cache.free(rid)
 

@@ -168,7 +168,7 @@ class DrafterProcess(_Worker):
                     self.batches[b].remove(r.rid)
                     self.batch_of.pop(r.rid, None)
                     if self.drafter:
-                        self.drafter.remove(r.rid)
+                        self.drafter.remove(r.rid, r.new_tokens)
                 elif self.drafter:
                     self.drafter.apply(r.rid, r.num_accepted, r.new_tokens, feats[i] if feats is not None else None)
 

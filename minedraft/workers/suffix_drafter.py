@@ -38,11 +38,12 @@ class SuffixDrafter:
         if self.model:
             self.model.add(req)
 
-    def remove(self, rid: int) -> None:
+    def remove(self, rid: int, last_tokens=()) -> None:
+        self.index.extend(rid, list(last_tokens))  # a finished request's last step: its whole output is published
         self.index.remove(rid)  # its output joins the global index
         self.budgets.pop(rid, None)
         if self.model:
-            self.model.remove(rid)
+            self.model.remove(rid, last_tokens)
 
     def apply(self, rid: int, num_accepted: int, new_tokens: list[int], features=None) -> None:
         self.index.extend(rid, new_tokens)

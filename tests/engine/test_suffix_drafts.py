@@ -278,3 +278,12 @@ async def test_worker_death_with_suffix_drafts_fails_every_request(tiny_pair, wh
         assert all(isinstance(r, EngineDeadError) or r.finish_reason == "length" for r in done)
     finally:
         await engine.shutdown()
+
+
+def test_a_finished_request_publishes_its_whole_output(tiny_pair):
+    """The global index gets every output token, the final step's included (it used to miss them: the last
+    verdict finishes the request before its tokens were applied)."""
+    eng = LocalEngine(_cfg(tiny_pair, mode="sequential"))
+    res = eng.generate(PROMPTS[:2], _greedy(17))
+    held = sum(e - s for s, e in eng.drafter.index.texts)
+    assert held == sum(len(r.token_ids) for r in res) == 34
