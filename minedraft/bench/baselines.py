@@ -55,7 +55,8 @@ def in_process_rows(args, points, prompts_for, params, reference, bar) -> list[t
                 continue
             for k in ks:
                 engine = LocalEngine(EngineConfig(mode=mode, k=k or 1, **kw))
-                engine.generate(prompts_for(2, 99), params)  # warm-up: the engine rows' prompts (a suffix index learns them)
+                # warm-up on the engine rows' warm-up prompts: a suffix index learns what it sees
+                engine.generate(prompts_for(2, 99), params)
                 for b in sorted({b for _, b, _ in points}):
                     runs, same, total = [], 0, 0
                     for rep in range(args.repeats):
