@@ -102,7 +102,7 @@ def test_headline_compares_best_minedraft_with_best_of_everything_else():
 def test_headline_is_the_last_line_printed(monkeypatch, capsys):
     rows = [("autoregressive B=4", _m(100)), ("minedraft k=3 B=4", _m(130))]
 
-    async def fake(args):
+    async def fake(args, control="free"):
         return rows
     monkeypatch.setattr(bench, "_bench", fake)
     assert bench.main([]) == 0
