@@ -192,7 +192,8 @@ async def test_pipeline_greedy_with_caching_equals_transformers(tiny_pair, mode,
 async def test_pipeline_feature_conditioned_draft_with_caching():
     from minedraft.config import EngineConfig
     cfg = EngineConfig(target=BUNDLED.target, draft=str(MODELS_DIR / "tiny-eagle"), k=3, block_size=BS,
-                       max_prompt_tokens=64, max_tokens_limit=32, kv_cache_tokens=4096, max_batch_size=16)
+                       max_prompt_tokens=64, max_tokens_limit=32, kv_cache_tokens=4096, max_batch_size=16,
+                       adaptive_k=False)  # fixed k: drafts must be accepted across the cached prefix
     prompts = shared_prompts(2 * BS + 1, seed=8)
     async with Engine(cfg) as engine:
         res = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts + prompts))
