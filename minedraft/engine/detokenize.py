@@ -82,12 +82,18 @@ class IncrementalDetokenizer:
     def _decode(self) -> str:
         return self.tokenizer.decode(self.ids, skip_special_tokens=True)
 
-    def _trim_ids(self, before: int, end: int) -> None:
-        """Keep only the tokens up to the one that completes the stop string: the same ids whatever k was."""
+    def _trim_ids(self, before: int) -> None:
+        """Keep only the tokens up to the first one whose text holds a stop string: the same ids whatever k was.
+        (Each prefix is decoded on its own: a decode of more tokens may space earlier text differently.)"""
         base = len(self.text)
-        for n in range(before + 1, len(self.ids) + 1):
-            text = self.tokenizer.decode(self.ids[:n], skip_special_tokens=True)
-            if len(text) >= end and self.matcher.scan(self._state, text[base:end])[0] >= 0:
+        decode = lambda n: self.tokenizer.decode(self.ids[:n], skip_special_tokens=True)  # noqa: E731
+        # the stop may end in an earlier push's token whose text was held back (a possible stop prefix, or a
+        # partial character): start at the first token with text past what was emitted
+        lo = before + 1
+        while lo > 1 and len(decode(lo - 1)) > base:
+            lo -= 1
+        for n in range(lo, len(self.ids) + 1):
+            if self.matcher.scan(self._state, decode(n)[base:])[0] >= 0:
                 del self.ids[n:]
                 return
 
@@ -114,7 +120,7 @@ class IncrementalDetokenizer:
                 end = base + hit
                 full = full[:end - m.ends[states[-1]]]
                 self.stopped = True
-                self._trim_ids(before, end)
+                self._trim_ids(before)
             elif not final and states:
                 full = full[:len(full) - m.depth[states[-1]]]  # what could still begin a stop string waits
         delta = full[base:] if len(full) > base else ""

@@ -174,3 +174,18 @@ def test_stop_matching_cost_per_push_does_not_grow_with_the_number_of_stop_strin
             det.push(ids[i:i + 3])
             worst = max(worst, steps[0] - held - len(tok.decode(ids[i:i + 3])))
         assert worst <= 2, n_stops  # a token's text may decode a character or two differently at a boundary
+
+
+def test_stop_completed_by_a_held_back_partial_character_keeps_the_same_ids_whatever_the_chunking(tiny_tokenizer):
+    """A stop string that ends in a token whose text was held back (here a partial UTF-8 byte, shown as U+FFFD
+    only once the next token proves it invalid) ends token_ids at that token, as a one-push decode does, even when
+    the proof arrives in a later push."""
+    tok = tiny_tokenizer
+    ids = [258, 216, 216, 29, 123, 216, 40, 41]
+    texts = [tok.decode(ids[:n], skip_special_tokens=True) for n in range(len(ids) + 1)]
+    assert texts[5].endswith("\ufffd")  # token 123 is a partial byte
+    stop = texts[5][-2:]
+    first = next(n for n in range(len(ids) + 1) if stop in texts[n])
+    for chunks in ([5], [1] * 5, [2, 3], [4, 2], [len(ids)]):
+        _, det = stream(tok, ids, chunks, [stop])
+        assert det.stopped and det.ids == ids[:first], chunks
