@@ -269,9 +269,9 @@ class DynamicSpeculation:
         wall = m.t1 - prev_t1 if self.run >= 2 and m.t1 > prev_t1 else None
         ctl = self.controller
         # rows that carried no drafts (budget 0, speculate=False, no suffix match) tell nothing about k's gain
-        drafting = sum(1 for r in res if r.num_drafted) if k else len(res)
+        drafting = sum(1 for r in res if r.num_drafted) or len(res)
         ctl.observe(k, draft_s, m.t1 - m.t0, sum(r.num_accepted for r in res),
-                    sum(1 for r in res if r.num_accepted < r.num_drafted), rows=running, step_rows=drafting or len(res),
+                    sum(1 for r in res if r.num_accepted < r.num_drafted), rows=running, step_rows=drafting,
                     tokens=sum(len(r.new_tokens) for r in res), wall_s=wall)
         new_k = ctl.choose(running)
         if new_k != k:

@@ -187,7 +187,8 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             raise _engine_error(e, req, chat) from None
         rs = res if isinstance(res, list) else [res]
         return JSONResponse((oa.chat_completion if chat else oa.completion)(
-            rid, req.model, res, [logprobs_of(r.token_ids, r.logprobs, chat, 0, req.params, r.finish_reason) for r in rs]))
+            rid, req.model, res,
+            [logprobs_of(r.token_ids, r.logprobs, chat, 0, req.params, r.finish_reason) for r in rs]))
 
     async def _stream(request: Request, deltas, rid: str, req: oa.ParsedRequest, chat: bool):
         # Wait for the first delta before answering, so a refused request (400/429/503) gets its status code
