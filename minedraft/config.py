@@ -35,6 +35,13 @@ def parse_draft(draft: str) -> tuple[bool, str | None]:
     return suffix, model
 
 
+def default_mode(draft: str) -> str:
+    """The mode "auto" resolves to: sequential SD for suffix drafts alone (they cost no forward, so the two-batch
+    overlap has nothing to hide and would pay two weight passes per step: measured 0.70-0.76x sequential on the
+    real pair, docs/BENCHMARKS.md "Suffix drafts"), the two-batch overlap when a draft model runs."""
+    return "sequential" if parse_draft(draft)[1] is None else "minedraft"
+
+
 def self_scheme(model: str) -> str | None:
     """"self:int4" -> "int4"; a model directory -> None; an unknown scheme -> ValueError."""
     if not model.startswith(SELF_PREFIX):
@@ -49,7 +56,9 @@ def self_scheme(model: str) -> str | None:
 class EngineConfig:
     target: str = DEFAULT_TARGET
     draft: str = DEFAULT_DRAFT       # a draft model folder, or "self:int4" / "self:bf16" (the target's own weights)
-    mode: str = "minedraft"          # two-batch overlap | standard SD | target alone
+    # "minedraft" (two-batch overlap) | "sequential" (standard SD) | "autoregressive" (target alone) | "auto":
+    # sequential for suffix drafts alone (no draft model: nothing for the overlap to hide), else minedraft
+    mode: str = "auto"
     k: int = 4                       # draft tokens per step (the upper bound when adaptive_k)
     # dynamic speculation: pick k per step (0..k) from measured cost and acceptance. On by default: it starts at
     # k = 0 in minedraft mode and drafts only once drafting measurably pays, so a draft that does not pay on this
@@ -90,8 +99,13 @@ class EngineConfig:
         def bad(msg):
             raise ValueError(f"invalid EngineConfig: {msg}")
 
-        if self.mode not in MODES:
-            bad(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode not in MODES + ("auto",):
+            bad(f"mode must be one of {MODES + ('auto',)}, got {self.mode!r}")
+        if self.mode == "auto":  # resolved once, here: everything downstream sees a concrete mode
+            try:
+                self.mode = default_mode(self.draft)
+            except ValueError as e:
+                bad(str(e))
         for name in ("k", "max_batch_size", "kv_cache_tokens", "block_size", "max_prompt_tokens",
                      "max_tokens_limit", "max_queue"):
             v = getattr(self, name)

@@ -19,7 +19,7 @@ import time
 from tqdm import tqdm
 
 from .baselines import IN_PROCESS_AR, headline, hf_assisted, in_process_rows, in_process_runs
-from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
+from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, default_mode
 from ..cores import available_cores, format_cores, threads_for
 from ..sampling_params import SamplingParams
 
@@ -194,9 +194,11 @@ async def _bench(args, control: str = "free") -> list[tuple[str, dict]]:
         for adaptive, split, tet in variants:
             hybrid = adaptive == "hybrid"
             adaptive = adaptive is True
+            # the dynamic row is the engine's defaults: in the mode "auto" picks for this draft
+            run_mode = default_mode(args.draft) if adaptive else mode
             cores = dict(draft_cores=allowed[:split], target_cores=allowed[split:]) if split else {}
             cfg = EngineConfig(target=args.target, draft=f"suffix+{args.hybrid}" if hybrid else args.draft,
-                               hybrid_threshold=args.hybrid_threshold, mode=mode, k=max(ks), adaptive_k=adaptive,
+                               hybrid_threshold=args.hybrid_threshold, mode=run_mode, k=max(ks), adaptive_k=adaptive,
                                tetris=tet, tetris_extra=args.tetris_extra, tetris_capacity=args.tetris_capacity,
                                max_batch_size=max(batches), max_tokens_limit=max(args.max_tokens, 16),
                                kv_cache_tokens=args.kv_cache_tokens, dtype=args.dtype, **cores)
@@ -229,7 +231,7 @@ async def _bench(args, control: str = "free") -> list[tuple[str, dict]]:
                         if want_trace and trace_events is None and k == ks[-1] and b == batches[-1]:
                             trace_events = list(engine.scheduler.stats.trace)
                         bar.update(1)
-                    name = mode + (" tetris" if tet else "") + (" (adaptive k)" if adaptive else "") + (
+                    name = run_mode + (" tetris" if tet else "") + (" (adaptive k)" if adaptive else "") + (
                         " hybrid" if hybrid else "")
                     tag = ("" if mode == "autoregressive" else f" k={'auto' if adaptive else k}") + where + f" B={b}"
                     tag += f" rate={r:g}/s" if r else ""

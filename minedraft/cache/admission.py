@@ -62,14 +62,18 @@ class Admission:
             del waiting[i]
         return out
 
-    def on_result(self, rid: int, new_tokens) -> None:
+    def on_result(self, rid: int, new_tokens) -> bool:
+        """A verdict row; True when it confirmed the request's prefill (its prompt blocks became shareable, so
+        a request waiting on that prefix may now be admitted)."""
         toks = self._tokens.get(rid)
         if toks is None:
-            return
-        if rid not in self._started:
+            return False
+        first = rid not in self._started
+        if first:
             self._started.add(rid)
             self.blocks.mark_ready(rid)
         toks.extend(new_tokens)
+        return first
 
     def release(self, rid: int) -> None:
         toks = self._tokens.pop(rid, None)

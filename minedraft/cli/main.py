@@ -39,9 +39,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="a named pair instead of --target/--draft: 'tiny' (bundled) or a pulled one such as "
                         "smollm2-135m, which drafts with self:int4 unless --draft says otherwise (see "
                         "`minedraft models list`)")
-    g.add_argument("--mode", choices=MODES, default=_default("mode"),
+    g.add_argument("--mode", choices=("auto",) + MODES, default=_default("mode"),
                    help="minedraft: draft one batch while verifying the other; sequential: standard "
-                        "speculative decoding; autoregressive: target alone")
+                        "speculative decoding; autoregressive: target alone; auto (default): sequential for "
+                        "--draft suffix (no draft model, nothing to overlap), else minedraft")
     g.add_argument("--k", type=int, default=_default("k"), metavar="K",
                    help="draft tokens per speculative step (1..16; ignored in autoregressive mode)")
     g.add_argument("--dynamic", "--adaptive-k", action=argparse.BooleanOptionalAction, dest="adaptive_k",

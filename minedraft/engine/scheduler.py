@@ -245,6 +245,7 @@ class AsyncScheduler:
         if self.trace:
             st.trace.append(TraceEvent("verifier", "verify", m.batch, m.t0, m.t1, m.step))
         src = m.src
+        prefilled = False
         for i, r in enumerate(m.results):
             s = self.running.get(r.rid)
             if s is None or s.finished:
@@ -257,7 +258,7 @@ class AsyncScheduler:
                 c[1] += r.num_accepted
             st.row_steps += 1
             st.prefill_tokens += r.prefill_tokens
-            self.admission.on_result(r.rid, r.new_tokens)
+            prefilled |= self.admission.on_result(r.rid, r.new_tokens)
             before = s.stats.output_tokens
             delta = s.on_result(r)
             st.output_tokens += s.stats.output_tokens - before
@@ -267,6 +268,8 @@ class AsyncScheduler:
                     self.cmd.send(encode(M.Abort([r.rid])))
                 self._release(s)
             self._emit(r.rid, delta)
+        if prefilled and self.waiting:  # requests waiting on those prompts' prefixes can start now
+            self._admit()
         for fn in self.verdict_listeners:
             fn(m)
 

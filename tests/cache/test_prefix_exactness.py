@@ -200,3 +200,20 @@ async def test_pipeline_feature_conditioned_draft_with_caching():
         st = engine.stats()
     assert [r.token_ids for r in res] == hf_greedy(BUNDLED.target, prompts + prompts, GREEDY.max_tokens)
     assert st["prefix_cache_hits"] > 0 and st["accepted_tokens"] > 0
+
+
+async def test_requests_waiting_on_a_prefix_start_once_it_is_computed(tiny_pair):
+    """Siblings that arrive with a request whose prefix they share wait only for its prefill, not for its end:
+    a long first request must not hold short siblings back (they used to wait until a request was released)."""
+    prompts = [BASE[:3 * BS] + [7 + i] for i in range(4)]
+    long, short = SamplingParams(max_tokens=30, ignore_eos=True), SamplingParams(max_tokens=3, ignore_eos=True)
+    done: list[int] = []
+
+    async def one(i):
+        await engine.generate(prompts[i], long if i == 0 else short)
+        done.append(i)
+    async with Engine(_cfg(tiny_pair, mode="sequential", max_tokens_limit=32)) as engine:
+        await asyncio.gather(*(one(i) for i in range(4)))
+        st = engine.stats()
+    assert done[-1] == 0, f"finish order {done}: the siblings waited for the first request to end"
+    assert st["prefix_cache_hits"] >= 3 * 3 * BS

@@ -26,7 +26,7 @@ def _env() -> dict:
 @pytest.mark.parametrize("argv,expect", [
     ([], ["generate", "serve", "keygen", "bench"]),
     (["generate"], ["--max-tokens", "--temperature", "--top-k", "--top-p", "--seed", "--k", "--mode", "--target",
-                    "--draft", "default: 64", "default: minedraft", "bundled"]),
+                    "--draft", "default: 64", "default: auto", "bundled"]),
     (["serve"], ["--bind", "--allow-remote", "--curve-secret-key", "--curve-public-key", "--curve-client-keys",
                  "--max-message-bytes", "default: tcp://127.0.0.1:5555", "--max-tokens-limit"]),
     (["keygen"], ["--out-dir", "--name", "--force", "default: server"]),

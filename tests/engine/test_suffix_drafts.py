@@ -53,12 +53,25 @@ def test_parse_draft_and_config_checks(tiny_pair):
             _cfg(tiny_pair, **bad)
 
 
+def test_mode_auto_is_sequential_for_suffix_drafts_alone(tiny_pair):
+    """The default mode ("auto") resolves in the config: sequential SD for suffix drafts alone (nothing for the
+    overlap to hide), minedraft with a draft model (the hybrid included); a mode given explicitly stands."""
+    from minedraft.config import EngineConfig
+    assert EngineConfig.mode == "auto"
+    assert _cfg(tiny_pair, mode="auto").mode == "sequential"
+    assert _cfg(tiny_pair, mode="auto", draft="suffix+MODEL").mode == "minedraft"
+    assert _cfg(tiny_pair, mode="auto", draft="MODEL").mode == "minedraft"
+    assert _cfg(tiny_pair, mode="minedraft").mode == "minedraft"
+    with pytest.raises(ValueError, match="auto"):
+        _cfg(tiny_pair, mode="fast")
+
+
 def test_suffix_drafter_shares_the_verifiers_cores(tiny_pair):
     """Suffix drafts alone run no model: in minedraft mode the drafter shares the verifier's cores (all of them),
     as in autoregressive mode; with a draft model (the hybrid) the halves stay disjoint."""
     from minedraft.cores import available_cores, resolve
     allowed = available_cores()
-    d, t = resolve(None, None, _cfg(tiny_pair).core_mode, allowed)
+    d, t = resolve(None, None, _cfg(tiny_pair, mode="minedraft").core_mode, allowed)
     assert d == t == allowed
     if len(allowed) > 1:
         d, t = resolve(None, None, _cfg(tiny_pair, draft="suffix+MODEL").core_mode, allowed)
