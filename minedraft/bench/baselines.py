@@ -56,7 +56,7 @@ def in_process_rows(args, points, prompts_for, params, reference, bar) -> list[t
             for k in ks:
                 engine = LocalEngine(EngineConfig(mode=mode, k=k or 1, **kw))
                 # warm-up on the engine rows' warm-up prompts: a suffix index learns what it sees
-                engine.generate(prompts_for(2, 99), params)
+                engine.generate(prompts_for(2, 99), params)  # runner.WARM_UP
                 for b in sorted({b for _, b, _ in points}):
                     runs, same, total = [], 0, 0
                     for rep in range(args.repeats):

@@ -58,6 +58,27 @@ def grounded(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
     return [chat_prompt_ids(tokenizer, pool[i % len(pool)]) for i in range(n)]
 
 
+WARM_UP = (2, 99)  # (prompts, key) of the warm-up every engine row and in-process row runs first
+
+
+def _disjoint(draw, batches, waves: int, repeats: int):
+    """prompts_for(n, rep) over one draw of the pool: every (batch size, repeat) and the warm-up get prompts of
+    their own, so a row whose drafts learn from earlier text (a suffix index) never meets a prompt it already
+    answered in an earlier run of the same engine, while every row still gets the same prompts. Only a pool
+    smaller than the whole draw repeats prompts."""
+    offsets, off = {}, 0
+    for n in sorted({b * waves for b in batches}):
+        for rep in range(repeats):
+            offsets[(n, rep)], off = off, off + n
+    offsets[(WARM_UP[0], WARM_UP[1])], off = off, off + WARM_UP[0]
+    pool = draw(off, 0)
+
+    def prompts_for(n: int, rep: int) -> list:
+        o = offsets.get((n, rep))
+        return draw(n, rep) if o is None else pool[o:o + n]  # None: another sample (the HF row's)
+    return prompts_for
+
+
 def _pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
@@ -161,6 +182,7 @@ async def _bench(args, control: str = "free") -> list[tuple[str, dict]]:
         make_prompts = lambda n, seed: (chat_prompts if workload == "chat" else grounded)(tok, n, seed)  # noqa: E731
     else:
         make_prompts = lambda n, seed: corpus_prompts(n, seed)  # noqa: E731
+    make_prompts = _disjoint(make_prompts, batches, args.waves, args.repeats)
     splits = args.split or [None]
     allowed = available_cores()
     for n in splits:
@@ -207,7 +229,7 @@ async def _bench(args, control: str = "free") -> list[tuple[str, dict]]:
                           and split == splits[-1])
             from ..engine.engine import Engine  # torch: not at `bench --help`
             async with Engine(cfg, trace=want_trace) as engine:
-                await run_workload(engine, make_prompts(2, 99), params, None)  # warm-up
+                await run_workload(engine, make_prompts(*WARM_UP), params, None)  # warm-up
                 seen: set = set()
                 for k, b, r in points:
                     if mode == "autoregressive" or adaptive:  # k does not apply: one run per (B, rate)

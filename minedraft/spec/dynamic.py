@@ -28,6 +28,12 @@ it also caught the drafter up, and measures goodput only from the third step at 
 after a switch pay for the merge or split and for waking the borrowed cores' threads). Started at k = 0
 (`k_start=0`), it begins every new load at k = 0 and runs no probe there until k = 0's goodput is measured.
 
+Coming back from k = 0 costs a catch-up: the drafter skipped those steps and must first run every token it
+missed (prompts admitted meanwhile, outputs of the plain steps), measured 2.4 s per half batch at 32 rows of
+the real pair's int4 self-draft, 20 plain steps' worth. That cost is measured at each resume (`observe_resume`),
+and a probe away from plain decoding at a load waits until its last measured catch-up is at most
+`resume_share` (5%) of the plain-decoding time since that load's previous probe.
+
 A drafting budget is chosen over plain decoding only when its rate is `zero_margin` (10%) higher. Speculation
 costs what no single step's goodput shows: rows accept different numbers of drafts, so a batch that started
 together finishes apart and its last steps run with few rows (bundled pair, 16 requests x 64 tokens: k = 1 matched
@@ -50,7 +56,8 @@ class AdaptiveK:
     def __init__(self, k_max: int, overlap: bool, k_start: int | None = None, ema: float = 0.2,
                  explore_every: int = 48, extra: int = 0, allow_zero: bool = True, tetris: bool = False,
                  merge_zero: bool = False, window: int = 12, min_measured: int = 3, probe_steps: int = 2,
-                 max_gap_factor: int = 1, prior_margin: float = 1.25, zero_margin: float = 1.1):
+                 max_gap_factor: int = 1, prior_margin: float = 1.25, zero_margin: float = 1.1,
+                 resume_share: float = 0.05):
         self.k_max, self.overlap, self.ema, self.explore_every = k_max, overlap, ema, explore_every
         self.merge_zero = merge_zero and overlap
         self.extra, self.k_min, self.tetris = extra, 0 if allow_zero else 1, tetris
@@ -59,6 +66,8 @@ class AdaptiveK:
         self.window, self.min_measured, self.probe_steps = window, min_measured, probe_steps
         self.max_gap_factor, self.prior_margin, self.zero_margin = max_gap_factor, prior_margin, zero_margin
         self.zero_first = k_start == 0   # started at plain decoding: also begin every new load there
+        self.resume_share = resume_share
+        self.resume_s: dict[int, float] = {}            # bucket -> the last catch-up after plain decoding (s)
         self._bucket = None
         self._probes_done = 0
         self._sched: dict[int, dict] = {}                # bucket -> its probe schedule (see choose)
@@ -119,6 +128,16 @@ class AdaptiveK:
             self.goodput.setdefault(b, {})[k] = sum(t for t, _ in kept) / sum(w for _, w in kept)
         if accepted + rejections:
             self.alpha = min(0.99, max(0.01, self._mix(self.alpha, accepted / (accepted + rejections))))
+
+    def observe_resume(self, seconds: float, rows: int) -> None:
+        """The drafter's catch-up when drafting resumed after plain decoding, at `rows` running rows."""
+        self.resume_s[bucket(rows)] = seconds
+
+    def _resume_wait(self, b: int) -> int:
+        """Plain steps a probe from k = 0 at load b waits so that its catch-up stays within resume_share."""
+        r = self.resume_s.get(b)
+        t0 = self.t_verify.get(b, {}).get(0)
+        return int(r / (self.resume_share * t0)) if r and t0 else 0
 
     def expected_tokens(self, k: int) -> float:
         if k == 0:
@@ -203,7 +222,7 @@ class AdaptiveK:
         # Each load keeps its own probe schedule, counted in its own steps: load that comes in bursts (a batch,
         # its tail, the next batch) would otherwise restart probing at the base rate with every burst.
         st = self._sched.setdefault(b, {"steps": 0, "next": self.explore_every, "gap": self.explore_every,
-                                        "best": None})
+                                        "best": None, "last": 0})
         st["steps"] += 1
         if best != st["best"]:   # the choice at this load changed: explore at the base rate
             st["best"], st["gap"] = best, self.explore_every
@@ -213,7 +232,9 @@ class AdaptiveK:
         if self._probe_left:
             self._probe_left -= 1
             best = self.k
-        elif st["steps"] >= st["next"] and not zero_unknown:
+        elif st["steps"] >= st["next"] and not zero_unknown \
+                and not (best == 0 and st["steps"] - st["last"] < self._resume_wait(b)):
+            st["last"] = st["steps"]
             probes = [p for p in dict.fromkeys((best - 1, best + 1, 0)) if p != best and self.k_min <= p <= self.k_max]
             if probes:
                 best = probes[self._probes_done % len(probes)]
@@ -265,6 +286,9 @@ class DynamicSpeculation:
         self.run = self.run + 1 if k == self.last_k and prev_t1 is not None else 0
         self.last_k = k
         draft_s = None if resumed else m.draft_t1 - m.draft_t0  # resumed: it also caught the drafter up
+        if resumed:  # both halves catch up in the two-batch pipeline
+            self.controller.observe_resume((m.draft_t1 - m.draft_t0) * (2 if self.merge else 1),
+                                           max(len(res), len(self.scheduler.running)))
         # goodput: this step's tokens over the time since the previous verdict, from the third step at k
         wall = m.t1 - prev_t1 if self.run >= 2 and m.t1 > prev_t1 else None
         ctl = self.controller

@@ -145,3 +145,15 @@ def test_control_sweep_prices_each_control_against_the_free_run(tiny_pair):
     assert {bench._group(n) for n, _ in rows} == {"B=2", "B=2 control=schema"}
     assert "ctl +ms" in bench.format_table(rows)
     assert bench.price_controls({"free": rows[:1]}) == rows[:1]  # free alone: the table as before
+
+
+def test_each_batch_size_repeat_and_the_warm_up_get_prompts_of_their_own():
+    """A suffix index learns from every answer its engine gives, so within one row no run may meet a prompt an
+    earlier run (or the warm-up) answered; every row still gets the same prompts for the same (B, repeat)."""
+    from minedraft.bench.runner import WARM_UP, _disjoint
+    draw = lambda n, seed: [f"p{seed}-{i}" for i in range(n)]  # noqa: E731  (a pool larger than the draw)
+    prompts_for = _disjoint(draw, [1, 4, 16], waves=1, repeats=2)
+    runs = [prompts_for(b, rep) for b in (1, 4, 16) for rep in range(2)] + [prompts_for(*WARM_UP)]
+    seen = [p for run in runs for p in run]
+    assert len(seen) == len(set(seen)) == 2 * (1 + 4 + 16) + WARM_UP[0]
+    assert prompts_for(4, 1) == prompts_for(4, 1) and [len(r) for r in runs[:2]] == [1, 1]

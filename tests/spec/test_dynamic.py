@@ -335,3 +335,20 @@ def test_rows_without_drafts_do_not_dilute_the_measured_gain():
     dyn(Verdict(0, 0, rows, 1.0, 1.1, False, 0.9, 1.0, 3, False))
     assert dyn.controller.gain[3] == pytest.approx(4.0)  # every drafting row kept 3 of 3
     assert dyn.controller.alpha > 0.7                     # no rejection was counted
+
+
+@pytest.mark.parametrize("resume_s,probes_expected", [(0.0, True), (5.0, False)])
+def test_a_costly_catch_up_spaces_the_probes_from_plain_decoding(resume_s, probes_expected):
+    """Drafting after plain decoding first catches the drafter up on every token it skipped (seconds at 32 rows
+    of an int4 self-draft on a CPU). Once such a catch-up has been measured at a load, the next probe from k = 0
+    there waits until the catch-up is within 5% of the plain-decoding time since the previous probe."""
+    ctl = AdaptiveK(k_max=3, overlap=True, k_start=0, merge_zero=True, probe_steps=4, explore_every=64)
+    _feed(ctl, 32, 70)                                   # plain decoding at 32 ms a step, one probe 64 steps in
+    assert ctl._probes_done == 1
+    ctl.observe_resume(resume_s, 32)
+    before = ctl._probes_done
+    _feed(ctl, 32, 600)                                  # 600 steps x 32 ms = 19 s: 5.0 s is over 5% of that
+    assert (ctl._probes_done > before) == probes_expected, ctl._probes_done
+    if resume_s:
+        _feed(ctl, 32, 3200)                             # past 5.0 / (5% x 32 ms) = 3,125 steps: probes again
+        assert ctl._probes_done > before
