@@ -90,11 +90,16 @@ def test_headline_compares_best_minedraft_with_best_of_everything_else():
     rows = [("autoregressive B=16", _m(100)), ("sequential k=3 B=16", _m(120)), ("minedraft k=3 B=16", _m(150)),
             ("minedraft k=4 B=16", _m(140)), ("in-process target alone (2 threads) B=16", _m(200)),
             ("in-process sequential SD (2 threads) k=3 B=16", _m(180)),
-            ("autoregressive B=1", _m(20)), ("minedraft k=3 B=1", _m(30)), ("hf assisted (2 threads) B=1", _m(60))]
+            ("autoregressive B=1", _m(20)), ("minedraft k=3 B=1", _m(30)), ("hf assisted (2 threads) B=1", _m(60)),
+            ("autoregressive B=8", _m(50)), ("minedraft k=3 B=8", _m(60)), ("sequential (adaptive k) k=auto B=8",
+                                                                          _m(80))]
     line = headline(rows)
     assert line.startswith("headline:")
-    # B=16: best minedraft (k=3, 150) over the best other row (in-process target alone, 200), not over sequential
+    # B=16: best speculative engine row (minedraft k=3, 150) over the best row run instead (in-process target
+    # alone, 200); the engine's sequential SD is minedraft's own, not an alternative
     assert "[B=16] 0.75x (minedraft k=3 150 tok/s vs in-process target alone (2 threads) 200 tok/s)" in line
+    # B=8: the engine's best may be a sequential row (the default mode for suffix drafts)
+    assert "[B=8] 1.60x (sequential (adaptive k) k=auto 80 tok/s vs autoregressive 50 tok/s)" in line
     # the batch-1 HF row is compared at B=1 only
     assert "[B=1] 0.50x (minedraft k=3 30 tok/s vs hf assisted (2 threads) 60 tok/s)" in line
 
