@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--max-queued-replies", type=_positive_int, default=DEFAULT_MAX_QUEUED_REPLIES, metavar="N",
                    help="unread replies the server holds for one client; a client past it is dropped (its "
                         "requests cancelled, its messages ignored for 10 s)")
-    from ..serving.http.guard import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S  # light: no uvicorn, no engine
+    from ..serving.http.guard import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S,  # light: no uvicorn,
+                                      DEFAULT_REFUSAL_RATE)                             # no engine
     n.add_argument("--http-header-timeout", type=_positive_float, default=DEFAULT_HEADER_TIMEOUT_S, metavar="S",
                    help="HTTP only: a connection must send a request's complete headers within S seconds of "
                         "opening (or of its first byte after a keep-alive pause), else 408 and closed")
@@ -204,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--http-max-connections", type=_positive_int, default=None, metavar="N",
                    help="HTTP only: open connections; at N a new one closes the oldest idle one, or gets a 503 "
                         "when all are busy (default: the open-file limit minus 128, at most 4096)")
+    n.add_argument("--http-refusal-rate", type=_positive_float, default=DEFAULT_REFUSAL_RATE, metavar="R",
+                   help="HTTP only: refusals (4xx replies) answered per second on average, bursts of R; past "
+                        "that each waits its turn, so clients flooding bad requests cannot fill the event loop")
     _add_model_args(v)
     e = v.add_argument_group("capacity")
     e.add_argument("--max-tokens-limit", type=_positive_int, default=_default("max_tokens_limit"), metavar="N",

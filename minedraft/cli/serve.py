@@ -74,8 +74,8 @@ def _serve_http(a) -> int:
         print("\n".join(lines), flush=True)
 
     from ..serving.http.guard import ConnectionLimits
-    limits = ConnectionLimits(a.http_header_timeout, a.http_body_timeout,
-                              *(() if a.http_max_connections is None else (a.http_max_connections,)))
+    cap = {} if a.http_max_connections is None else {"max_connections": a.http_max_connections}
+    limits = ConnectionLimits(a.http_header_timeout, a.http_body_timeout, **cap, refusal_rate=a.http_refusal_rate)
     api_key = a.api_key if a.api_key is not None else os.environ.get("MINEDRAFT_API_KEY") or None
     try:
         # a named pair (--model, where the CLI has it) is also the id clients send

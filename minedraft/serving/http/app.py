@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 from ...errors import EngineDeadError, InvalidRequestError, OverloadedError
 from . import controls as ctl
 from . import openai_api as oa
+from .guard import DEFAULT_REFUSAL_RATE, RefusalPacer
 from .metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("minedraft.http")
@@ -105,11 +106,12 @@ def _guarded(handler):
 
 
 def create_app(engine, *, model_name: str | None = None, api_key: str | None = None,
-               max_body_bytes: int | None = None) -> Starlette:
+               max_body_bytes: int | None = None, refusal_rate: float = DEFAULT_REFUSAL_RATE) -> Starlette:
     served = model_name or os.path.basename(os.path.normpath(engine.config.target))
     if max_body_bytes is None:
         max_body_bytes = body_limit_for(engine.config.max_prompt_tokens)
     metrics = Metrics(engine)
+    pacer = RefusalPacer(refusal_rate)
     created = int(time.time())
     token_text = None  # logprobs' token strings, once a request asks for them (the engine has its tokenizer then)
 
@@ -278,13 +280,22 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
     async def index(request: Request):
         return FileResponse(STATIC / "index.html")
 
+    async def paced(status: int, body: dict) -> JSONResponse:
+        if 400 <= status < 500 and status != 499:  # 499: nobody is waiting for it
+            wait = pacer.delay(time.monotonic())
+            if wait:
+                await asyncio.sleep(wait)
+        return JSONResponse(body, status_code=status)
+
     async def api_error(request: Request, exc: oa.APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        body, status = exc.body(), exc.status
+        exc.__traceback__ = None  # its frames hold the refused body: let it go while the reply waits its turn
+        return await paced(status, body)
 
     async def http_error(request: Request, exc: HTTPException):
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(oa.APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}",
-                                        type_).body(), status_code=exc.status_code)
+        return await paced(exc.status_code, oa.APIError(exc.status_code, f"{exc.detail}: {request.method} "
+                                                        f"{request.url.path}", type_).body())
 
     async def server_error(request: Request, exc: Exception):
         return _internal_error(exc)

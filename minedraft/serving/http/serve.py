@@ -129,8 +129,8 @@ async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, a
     hserver = None
     try:
         async with Engine(engine_config) as engine:
-            app = create_app(engine, model_name=model_name, api_key=api_key,
-                             max_body_bytes=max_body_bytes)
+            app = create_app(engine, model_name=model_name, api_key=api_key, max_body_bytes=max_body_bytes,
+                             **({} if limits is None else {"refusal_rate": limits.refusal_rate}))
             hserver = HTTPServer(app, sock, log_level, limits)
             await hserver.start()
             lines = [f"listening on {hserver.url}"]

@@ -5,6 +5,7 @@ parsed by prometheus_client. One engine (bundled tiny pair) serves the whole mod
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -515,3 +516,37 @@ def test_default_body_limit_follows_the_prompt_limit():
     from minedraft.serving.http.app import body_limit_for
     assert body_limit_for(768) == 1 << 20
     assert body_limit_for(32768) == 96 * 32768 + (64 << 10)
+
+
+def test_refusal_pacer_answers_bursts_at_once_and_paces_the_rest():
+    from minedraft.serving.http.guard import RefusalPacer
+    p = RefusalPacer(10)
+    assert [p.delay(100.0) for _ in range(10)] == [0.0] * 10           # a second's worth at once
+    assert [round(p.delay(100.0), 3) for _ in range(3)] == [0.1, 0.2, 0.3]
+    assert p.delay(200.0) == 0.0 and p.paced == 3                        # idle time refills the budget
+    with pytest.raises(ValueError, match="refusal rate"):
+        RefusalPacer(0)
+
+
+def test_a_flood_of_refused_requests_is_paced_and_valid_requests_are_not(srv):
+    """30 bad requests at once against a refusal rate of 10/s: every one gets its JSON 400, the last ones about
+    2 s late; a valid completion sent meanwhile is answered at its usual speed."""
+    url = srv.add_server(refusal_rate=10)
+
+    async def run():
+        async with httpx.AsyncClient(timeout=30) as c:
+            async def bad():
+                r = await c.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": -1})
+                return r.status_code, r.json()["error"]["type"], time.monotonic()
+
+            async def good():
+                await asyncio.sleep(0.3)
+                t0 = time.monotonic()
+                r = await c.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
+                return r.status_code, time.monotonic() - t0
+            t0 = time.monotonic()
+            return t0, await asyncio.gather(good(), *(bad() for _ in range(30)))
+    t0, (ok, *refused) = asyncio.run(run())
+    assert {(s, t) for s, t, _ in refused} == {(400, "invalid_request_error")}
+    assert max(t for _, _, t in refused) - t0 >= 1.5          # (30 - 10) / 10 = 2 s of pacing
+    assert ok[0] == 200 and ok[1] < 1.0, ok
