@@ -257,7 +257,7 @@ BAD_CONFIGS = [
     (dict(max_tokens_limit=-1), r"max_tokens_limit must be >= 1"),
     (dict(kv_cache_tokens=128, max_prompt_tokens=100, max_tokens_limit=64),
      r"kv_cache_tokens=128 \(8 blocks of 16\) cannot hold even one request of .* = 169 positions"),
-    (dict(mode="turbo"), r"mode must be one of \('minedraft', 'sequential', 'autoregressive'\), got 'turbo'"),
+    (dict(mode="turbo"), r"mode must be one of \('minedraft', 'sequential', 'autoregressive', 'auto'\), got 'turbo'"),
     (dict(dtype="int8"), r"dtype must be"),
     (dict(target_device="tpu"), r"target_device must be 'auto', 'cpu' or 'cuda:N'"),
     (dict(target="/nonexistent/model"), r"target model path '/nonexistent/model' is not a directory"),
