@@ -61,7 +61,7 @@ class EngineConfig:
     mode: str = "auto"
     k: int = 4                       # draft tokens per step (the upper bound when adaptive_k)
     # dynamic speculation: pick k per step (0..k) from measured cost and acceptance. On by default: it starts at
-    # k = 0 in minedraft mode and drafts only once drafting measurably pays, so a draft that does not pay on this
+    # k = 0 (every mode) and drafts only once drafting measurably pays, so a draft that does not pay on this
     # host costs next to nothing (README "Defaults"; docs/BENCHMARKS.md "Defaults")
     adaptive_k: bool = True
     tetris: bool = False             # draft k + tetris_extra per row, keep the batch's tetris_capacity best drafts
