@@ -33,6 +33,9 @@ def _metrics(results, wall: float) -> dict:
             "mean_len": out / max(sum(s.steps for s in st), 1)}
 
 
+WARM_UP = (2, 99)  # (prompts, key) of the warm-up every engine row and in-process row runs first
+
+
 def in_process_rows(args, points, prompts_for, params, reference, bar) -> list[tuple[str, dict]]:
     """Target alone and sequential SD with LocalEngine in this process, on all the engine's cores.
 
@@ -56,7 +59,7 @@ def in_process_rows(args, points, prompts_for, params, reference, bar) -> list[t
             for k in ks:
                 engine = LocalEngine(EngineConfig(mode=mode, k=k or 1, **kw))
                 # warm-up on the engine rows' warm-up prompts: a suffix index learns what it sees
-                engine.generate(prompts_for(2, 99), params)  # runner.WARM_UP
+                engine.generate(prompts_for(*WARM_UP), params)
                 for b in sorted({b for _, b, _ in points}):
                     runs, same, total = [], 0, 0
                     for rep in range(args.repeats):

@@ -18,7 +18,7 @@ import time
 
 from tqdm import tqdm
 
-from .baselines import IN_PROCESS_AR, headline, hf_assisted, in_process_rows, in_process_runs
+from .baselines import IN_PROCESS_AR, WARM_UP, headline, hf_assisted, in_process_rows, in_process_runs
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, default_mode
 from ..cores import available_cores, format_cores, threads_for
 from ..sampling_params import SamplingParams
@@ -58,9 +58,6 @@ def grounded(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
     return [chat_prompt_ids(tokenizer, pool[i % len(pool)]) for i in range(n)]
 
 
-WARM_UP = (2, 99)  # (prompts, key) of the warm-up every engine row and in-process row runs first
-
-
 def _disjoint(draw, batches, waves: int, repeats: int):
     """prompts_for(n, rep) over one draw of the pool: every (batch size, repeat) and the warm-up get prompts of
     their own, so a row whose drafts learn from earlier text (a suffix index) never meets a prompt it already
@@ -70,7 +67,7 @@ def _disjoint(draw, batches, waves: int, repeats: int):
     for n in sorted({b * waves for b in batches}):
         for rep in range(repeats):
             offsets[(n, rep)], off = off, off + n
-    offsets[(WARM_UP[0], WARM_UP[1])], off = off, off + WARM_UP[0]
+    offsets[WARM_UP], off = off, off + WARM_UP[0]
     pool = draw(off, 0)
 
     def prompts_for(n: int, rep: int) -> list:

@@ -81,11 +81,10 @@ class ConnectionLimits:
     timed_out: int = 0
 
     def __post_init__(self):
-        for name in ("header_timeout_s", "body_timeout_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "refusal_rate"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ValueError(f"{name} must be a number > 0, got {v!r}")
-        RefusalPacer(self.refusal_rate)  # validates it
         m = self.max_connections
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ValueError(f"max_connections must be an int >= 1, got {m!r}")
