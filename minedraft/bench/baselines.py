@@ -36,50 +36,46 @@ def _metrics(results, wall: float) -> dict:
 WARM_UP = (2, 99)  # (prompts, key) of the warm-up every engine row and in-process row runs first
 
 
-def in_process_rows(args, points, prompts_for, params, reference, bar) -> list[tuple[str, dict]]:
-    """Target alone and sequential SD with LocalEngine in this process, on all the engine's cores.
+def in_process_variants(args, points) -> list[tuple[str, int | None]]:
+    """(mode, k) of each in-process row family: the target alone, then sequential SD at each swept k."""
+    out = [("autoregressive", None)] if "autoregressive" in args.modes else []
+    if "sequential" in args.modes:
+        out += [("sequential", k) for k in sorted({k for k, _, _ in points})]
+    return out
 
-    points: (k, B, rate) as in the engine rows; arrival rates do not apply to a synchronous loop, so each (k, B) is
-    run once with every request submitted at once and labelled with the rows of that B without a rate.
-    prompts_for(B, rep) gives the same prompts the engine rows got; reference[(B, None, rep)] the engine's
-    target-alone outputs for them (greedy), to check the in-process rows are lossless too."""
+
+def in_process_row(args, variant, points, prompts_for, params, rep: int, bar) -> list[tuple]:
+    """One repeat of one in-process row family over every B: `LocalEngine` in this process on all the engine's
+    cores, warmed up first, as the engine rows are. Arrival rates do not apply to a synchronous loop, so each B is
+    run once with every request submitted at once and keyed as the engine's rows of that B without a rate.
+    prompts_for(B, rep) gives the same prompts the engine rows got.
+
+    Returns [(name, (B, None, rep), metrics, outputs)] as the engine rows (runner._engine_rows)."""
     import torch
 
     from ..engine.local_engine import LocalEngine
+    mode, k = variant
     threads = threads_for(available_cores())  # what the engine's workers would use on all these cores
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    rows = []
     kw = dict(target=args.target, draft=args.draft, max_batch_size=max(b for _, b, _ in points),
               max_tokens_limit=max(args.max_tokens, 16), kv_cache_tokens=args.kv_cache_tokens, dtype=args.dtype)
+    name = f"{IN_PROCESS_AR if mode == 'autoregressive' else IN_PROCESS_SD} ({threads} threads)" + (
+        f" k={k}" if k else "")
+    out = []
     try:
-        for mode, ks in (("autoregressive", [None]), ("sequential", sorted({k for k, _, _ in points}))):
-            if mode not in args.modes:
-                continue
-            for k in ks:
-                engine = LocalEngine(EngineConfig(mode=mode, k=k or 1, **kw))
-                # warm-up on the engine rows' warm-up prompts: a suffix index learns what it sees
-                engine.generate(prompts_for(*WARM_UP), params)
-                for b in sorted({b for _, b, _ in points}):
-                    runs, same, total = [], 0, 0
-                    for rep in range(args.repeats):
-                        prompts = prompts_for(b * args.waves, rep)
-                        t0 = time.perf_counter()
-                        res = engine.generate(prompts, params)
-                        runs.append(_metrics(res, time.perf_counter() - t0))
-                        ref = reference.get((b, None, rep))
-                        if ref is not None:
-                            same += sum(r.token_ids == x for r, x in zip(res, ref))
-                            total += len(res)
-                        bar.update(1)
-                    m = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-                    if total:
-                        m["same"] = same / total
-                    name = f"{IN_PROCESS_AR if mode == 'autoregressive' else IN_PROCESS_SD} ({threads} threads)"
-                    rows.append((name + (f" k={k}" if k else "") + f" B={b}", m))
+        engine = LocalEngine(EngineConfig(mode=mode, k=k or 1, **kw))
+        engine.generate(prompts_for(*WARM_UP), params)  # a suffix index learns what it sees: as the engine rows
+        for b in sorted({b for _, b, _ in points}):
+            prompts = prompts_for(b * args.waves, rep)
+            t0 = time.perf_counter()
+            res = engine.generate(prompts, params)
+            out.append((f"{name} B={b}", (b, None, rep), _metrics(res, time.perf_counter() - t0),
+                        [r.token_ids for r in res]))
+            bar.update(1)
     finally:
         torch.set_num_threads(before)
-    return rows
+    return out
 
 
 def in_process_runs(args, points) -> int:

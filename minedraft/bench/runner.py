@@ -1,7 +1,8 @@
 """Benchmark: target-alone, sequential SD, the MINEDRAFT two-batch pipeline, and HF assisted generation,
 on the same models, prompts and machine, in one run. `minedraft bench --help` lists the options.
 
-Every figure is a median over --repeats runs. Td / Tv are the mean draft and verify times of one step (one
+Every figure is a median over --repeats runs; repeats are the outer loop, each row in a fresh engine, the order
+reversed every other repeat (drift on a shared host then hits every row alike). Td / Tv are the mean draft and verify times of one step (one
 batch); step time is the wall time per verify step, and overlap efficiency is max(Td, Tv) / step time: close
 to 1 when one device never waits for the other, about max/(Td+Tv) when they take turns. In greedy runs
 "same" is the share of requests whose output is token-for-token the target-alone output for the same
@@ -18,7 +19,8 @@ import time
 
 from tqdm import tqdm
 
-from .baselines import IN_PROCESS_AR, WARM_UP, headline, hf_assisted, in_process_rows, in_process_runs
+from .baselines import WARM_UP, headline, hf_assisted, in_process_row, in_process_runs, in_process_variants
+from .report import _group, _median, format_table, price_controls, ratios  # noqa: F401 (the bench's API)
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, default_mode
 from ..cores import available_cores, format_cores, threads_for
 from ..sampling_params import SamplingParams
@@ -122,40 +124,6 @@ async def run_workload(engine, prompts, params, rate: float | None, seed: int = 
     }, [r.token_ids for r in results]
 
 
-def _median(rows: list[dict]) -> dict:
-    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-
-
-COLS = [("tok_s", "tok/s", "{:8.1f}"), ("lat_p50", "lat p50 s", "{:9.3f}"), ("lat_p99", "lat p99 s", "{:9.3f}"),
-        ("ttft_p50", "ttft s", "{:7.3f}"), ("accept", "accept", "{:6.2f}"), ("mean_len", "tok/step", "{:8.2f}"),
-        ("ver_step", "ver/step", "{:8.1f}"), ("out_ver", "out/ver", "{:7.2f}"),
-        ("td_ms", "Td ms", "{:7.2f}"), ("tv_ms", "Tv ms", "{:7.2f}"), ("step_ms", "step ms", "{:7.2f}"),
-        ("overlap", "overlap", "{:7.2f}"), ("same", "same", "{:5.2f}"), ("ctl_ms", "ctl +ms", "{:7.2f}")]
-
-
-LEGEND = ("accept: accepted / drafted tokens (- : the row never drafts); tok/step: output tokens per request "
-          "step; ver/step: tokens the verifier scores per step (drafts + one per request); out/ver: output tokens "
-          "per scored token; Td/Tv: draft/verify time per step; overlap: max(Td, Tv) / step time; same: share of "
-          "greedy outputs equal to the target alone's; ctl +ms (--control): step ms over the same row's free run, "
-          "the price of the controls per step")
-
-
-def format_table(rows: list[tuple[str, dict]]) -> str:
-    w = max([50] + [len(n) + 1 for n, _ in rows])
-    head = f"{'setting':{w}s}" + "".join(f"{h:>{len(fmt.format(0))+1}s}" for _, h, fmt in COLS)
-    lines = [head, "-" * len(head)]
-    for name, m in rows:
-        never_drafts = name.startswith(("autoregressive", IN_PROCESS_AR))
-
-        def cell(k, fmt):
-            width = len(fmt.format(0))
-            if k == "accept" and never_drafts:
-                return f"{'-':>{width}s}"
-            return fmt.format(m[k]) if k in m else " " * width
-        lines.append(f"{name:{w}s}" + "".join(" " + cell(k, fmt) for k, _, fmt in COLS))
-    return "\n".join(lines + [LEGEND])
-
-
 # --control: the output controls a run's requests carry (spec/controls.py), to price them against free requests
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
@@ -166,12 +134,74 @@ CONTROLS = {"free": {}, "penalties": dict(frequency_penalty=0.5, presence_penalt
             "schema": dict(json_schema=SCHEMA, ignore_eos=False)}
 
 
+def _engine_variants(args, modes, splits, tetris) -> list[tuple]:
+    """(mode, kind, split, tetris) of each engine row family; kind: "fixed" (the swept k), "dynamic" or "hybrid"."""
+    out = []
+    for mode in modes:
+        if mode == "autoregressive":
+            out.append((mode, "fixed", None, False))
+        elif mode == "sequential":
+            out += [(mode, "fixed", None, t) for t in tetris]
+        else:  # the core split sweep; dynamic speculation runs with the default split
+            for t in tetris:
+                out += [(mode, "fixed", n, t) for n in splits]
+                if args.adaptive:
+                    out.append((mode, "dynamic", None, t))
+            if args.hybrid:  # the same pipeline with draft "suffix+<model>"
+                out.append((mode, "hybrid", None, False))
+    return out
+
+
+async def _engine_rows(args, variant, points, prompts_for, params, rep: int, bar, trace: bool):
+    """One repeat of one engine row family over every (k, B, rate): a fresh engine, warmed up first.
+
+    Returns ([(name, (B, rate, rep), metrics, outputs)], trace events or None)."""
+    mode, kind, split, tet = variant
+    ks = sorted({k for k, _, _ in points})
+    allowed = available_cores()
+    run_mode = default_mode(args.draft) if kind == "dynamic" else mode  # the engine's defaults, in the mode "auto" picks
+    cores = dict(draft_cores=allowed[:split], target_cores=allowed[split:]) if split else {}
+    cfg = EngineConfig(target=args.target, draft=f"suffix+{args.hybrid}" if kind == "hybrid" else args.draft,
+                       hybrid_threshold=args.hybrid_threshold, mode=run_mode, k=max(ks),
+                       adaptive_k=kind == "dynamic", tetris=tet, tetris_extra=args.tetris_extra,
+                       tetris_capacity=args.tetris_capacity, max_batch_size=max(b for _, b, _ in points),
+                       max_tokens_limit=max(args.max_tokens, 16), kv_cache_tokens=args.kv_cache_tokens,
+                       dtype=args.dtype, **cores)
+    where = f" cores={format_cores(cfg.draft_cores)}+{format_cores(cfg.target_cores)}" if split else ""
+    name = run_mode + (" tetris" if tet else "") + (" (adaptive k)" if kind == "dynamic" else "") + (
+        " hybrid" if kind == "hybrid" else "")
+    out, events = [], None
+    from ..engine.engine import Engine  # torch: not at `bench --help`
+    async with Engine(cfg, trace=trace) as engine:
+        await run_workload(engine, prompts_for(*WARM_UP), params, None)  # warm-up
+        seen: set = set()
+        for k, b, r in points:
+            if mode == "autoregressive" or kind == "dynamic":  # k does not apply: one run per (B, rate)
+                if (b, r) in seen:
+                    continue
+                seen.add((b, r))
+            else:
+                engine.scheduler.set_k(k)
+            if trace:
+                engine.scheduler.stats.trace.clear()
+            metrics, outputs = await run_workload(engine, prompts_for(b * args.waves, rep), params, r, seed=rep)
+            if trace and k == ks[-1] and b == max(b for _, b, _ in points):
+                events = list(engine.scheduler.stats.trace)
+            tag = ("" if mode == "autoregressive" else f" k={'auto' if kind == 'dynamic' else k}") + where + f" B={b}"
+            tag += f" rate={r:g}/s" if r else ""
+            if kind == "dynamic" and engine.adaptive and engine.adaptive.history:
+                metrics["k_auto"] = statistics.median(engine.adaptive.history)  # shown in the name, see _bench
+            out.append((name + tag, (b, r, rep), metrics, outputs))
+            bar.update(1)
+    return out, events
+
+
 async def _bench(args, control: str = "free") -> list[tuple[str, dict]]:
     ks = args.k or [4]
     batches = args.batch or [16]
     rates = args.rate or [None]
     points = [(k, b, r) for k in ks for b in batches for r in rates]
-    modes = [m for m in MODES if m in args.modes]  # target-alone first: it is the reference for "same"
+    modes = [m for m in MODES if m in args.modes]
     workload = "chat" if args.chat else args.workload
     if workload in ("chat", "grounded"):
         from transformers import AutoTokenizer
@@ -187,81 +217,34 @@ async def _bench(args, control: str = "free") -> list[tuple[str, dict]]:
             raise ValueError(f"--split {n}: the drafter needs 1..{len(allowed) - 1} of the {len(allowed)} cores")
     workloads = len({(b, r) for _, b, r in points})
     tetris = {"off": [False], "on": [True], "both": [False, True]}[args.tetris]
-    per_mode = {"autoregressive": workloads, "sequential": len(points) * len(tetris),
-                "minedraft": (len(points) * len(splits) + (workloads if args.adaptive else 0)) * len(tetris)
-                + (len(points) if args.hybrid else 0)}
-    n_runs = sum(per_mode[m] for m in modes) * args.repeats + in_process_runs(args, points)
+    variants = _engine_variants(args, modes, splits, tetris)
+    per_variant = {v: workloads if v[0] == "autoregressive" or v[1] == "dynamic" else len(points) for v in variants}
+    n_runs = sum(per_variant.values()) * args.repeats + in_process_runs(args, points)
     if args.hf:
         n_runs += args.repeats
     bar = tqdm(total=n_runs, desc="bench", unit="run")
-    rows: list[tuple[str, dict]] = []
-    trace_events = None
-    # Greedy runs double as a losslessness check: every SD row's outputs against target-alone's, per workload.
-    reference: dict = {}
-    check = args.temperature == 0 and "autoregressive" in modes
     # unseeded by default: seeded sampled requests take the coupled path (batch_sampling), whose acceptance is
     # lower than rejection sampling's
     params = SamplingParams(**{**dict(max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=True,
                                       seed=args.seed), **CONTROLS[control]})
-    for mode in modes:
-        variants = [(False, None, t) for t in tetris] if mode == "sequential" else [(False, None, False)]
-        if mode == "minedraft":  # the core split sweep; adaptive k runs with the default split
-            variants = [(a, n, t) for t in tetris
-                        for a, n in [(False, n) for n in splits] + ([(True, None)] if args.adaptive else [])]
-            if args.hybrid:  # the same pipeline with draft "suffix+<model>"
-                variants.append(("hybrid", None, False))
-        for adaptive, split, tet in variants:
-            hybrid = adaptive == "hybrid"
-            adaptive = adaptive is True
-            # the dynamic row is the engine's defaults: in the mode "auto" picks for this draft
-            run_mode = default_mode(args.draft) if adaptive else mode
-            cores = dict(draft_cores=allowed[:split], target_cores=allowed[split:]) if split else {}
-            cfg = EngineConfig(target=args.target, draft=f"suffix+{args.hybrid}" if hybrid else args.draft,
-                               hybrid_threshold=args.hybrid_threshold, mode=run_mode, k=max(ks), adaptive_k=adaptive,
-                               tetris=tet, tetris_extra=args.tetris_extra, tetris_capacity=args.tetris_capacity,
-                               max_batch_size=max(batches), max_tokens_limit=max(args.max_tokens, 16),
-                               kv_cache_tokens=args.kv_cache_tokens, dtype=args.dtype, **cores)
-            where = (f" cores={format_cores(cfg.draft_cores)}+{format_cores(cfg.target_cores)}" if split else "")
-            want_trace = (bool(args.trace or args.plot) and mode == "minedraft" and not adaptive and not tet
-                          and split == splits[-1])
-            from ..engine.engine import Engine  # torch: not at `bench --help`
-            async with Engine(cfg, trace=want_trace) as engine:
-                await run_workload(engine, make_prompts(*WARM_UP), params, None)  # warm-up
-                seen: set = set()
-                for k, b, r in points:
-                    if mode == "autoregressive" or adaptive:  # k does not apply: one run per (B, rate)
-                        if (b, r) in seen:
-                            continue
-                        seen.add((b, r))
-                    if mode != "autoregressive" and not adaptive:
-                        engine.scheduler.set_k(k)
-                    runs, same, total = [], 0, 0
-                    for rep in range(args.repeats):
-                        if want_trace:
-                            engine.scheduler.stats.trace.clear()
-                        prompts = make_prompts(b * args.waves, rep)
-                        metrics, outputs = await run_workload(engine, prompts, params, r, seed=rep)
-                        runs.append(metrics)
-                        if check and mode == "autoregressive":
-                            reference[(b, r, rep)] = outputs
-                        elif check:
-                            same += sum(o == ref for o, ref in zip(outputs, reference[(b, r, rep)]))
-                            total += len(outputs)
-                        if want_trace and trace_events is None and k == ks[-1] and b == batches[-1]:
-                            trace_events = list(engine.scheduler.stats.trace)
-                        bar.update(1)
-                    name = run_mode + (" tetris" if tet else "") + (" (adaptive k)" if adaptive else "") + (
-                        " hybrid" if hybrid else "")
-                    tag = ("" if mode == "autoregressive" else f" k={'auto' if adaptive else k}") + where + f" B={b}"
-                    tag += f" rate={r:g}/s" if r else ""
-                    m = _median(runs)
-                    if total:
-                        m["same"] = same / total  # share of requests identical to target-alone, all repeats
-                    if adaptive and engine.adaptive and engine.adaptive.history:
-                        tag = tag.replace("k=auto", f"k=auto(~{statistics.median(engine.adaptive.history):g})")
-                    rows.append((name + tag, m))
-    # the baselines a user would run instead: one process, every core the engine may use
-    rows += in_process_rows(args, points, make_prompts, params, reference, bar)
+    traced = next((v for v in variants if v[0] == "minedraft" and v[1] == "fixed" and not v[3] and v[2] == splits[-1]),
+                  None) if args.trace or args.plot else None
+    # Repeats outermost, each row family in turn, the order reversed every other repeat: on a shared host speed
+    # drifts over minutes, and this way drift hits every row alike instead of the rows that happened to run late.
+    items = [("engine", v) for v in variants] + [("in-process", v) for v in in_process_variants(args, points)]
+    runs: dict[str, list] = {}  # row name -> [(metrics, outputs, (B, rate, repeat))], rows in repeat 0's order
+    trace_events = None
+    for rep in range(args.repeats):
+        for kind, v in (items if rep % 2 == 0 else items[::-1]):
+            if kind == "engine":
+                got, events = await _engine_rows(args, v, points, make_prompts, params, rep, bar,
+                                                 trace=v == traced and trace_events is None)
+                trace_events = trace_events or events
+            else:
+                got = in_process_row(args, v, points, make_prompts, params, rep, bar)
+            for name, key, m, outputs in got:
+                runs.setdefault(name, []).append((m, outputs, key))
+    rows = _merge_repeats(runs, check=args.temperature == 0 and "autoregressive" in modes)
     if args.hf:  # batch 1 only: its name puts it in the B=1 workload, the only rows it is compared with
         prompts = make_prompts(args.hf_prompts, 0)
         threads = threads_for(allowed)
@@ -278,60 +261,22 @@ async def _bench(args, control: str = "free") -> list[tuple[str, dict]]:
     return rows
 
 
-def _group(name: str) -> str:
-    """The workload part of a row name ("B=16 rate=20/s"): rows of one group are comparable."""
-    return name[name.index(" B=") + 1:] if " B=" in name else ""
-
-
-def _k(name: str) -> str:
-    return name.split(" k=", 1)[1].split(" ", 1)[0] if " k=" in name else ""
-
-
-def ratios(rows: list[tuple[str, dict]]) -> list[str]:
-    """Throughput against sequential SD at the same k, the best sequential k, and target-alone."""
-    out = []
-    for g in dict.fromkeys(_group(n) for n, _ in rows if _group(n)):
-        grp = [(n, m) for n, m in rows if _group(n) == g]
-        ar = next((m for n, m in grp if n.startswith("autoregressive")), None)
-        seq = {_k(n): m for n, m in grp if n.startswith("sequential k=")}
-        md = {_k(n): m for n, m in grp if n.startswith("minedraft k=")}
-        best_seq = max(seq.items(), key=lambda x: x[1]["tok_s"]) if seq else None
-        best_md = max(md.items(), key=lambda x: x[1]["tok_s"]) if md else None
-        out.append(f"[{g}]")
-        for n, m in grp:
-            parts = []
-            if n.startswith("minedraft") and _k(n) in seq:
-                parts.append(f"{m['tok_s'] / seq[_k(n)]['tok_s']:.2f}x sequential SD at the same k")
-            if (n.startswith("minedraft") or n.startswith("hf")) and best_seq:
-                parts.append(f"{m['tok_s'] / best_seq[1]['tok_s']:.2f}x best sequential SD (k={best_seq[0]})")
-            if n.startswith("minedraft tetris k=") and _k(n) in md:
-                parts.append(f"{m['tok_s'] / md[_k(n)]['tok_s']:.2f}x plain minedraft at the same k")
-            if n.startswith("sequential tetris k=") and _k(n) in seq:
-                parts.append(f"{m['tok_s'] / seq[_k(n)]['tok_s']:.2f}x plain sequential SD at the same k")
-            if "adaptive" in n and best_md:
-                parts.append(f"{m['tok_s'] / best_md[1]['tok_s']:.2f}x best fixed-k minedraft (k={best_md[0]})")
-            if ar and not n.startswith("autoregressive"):
-                parts.append(f"{m['tok_s'] / ar['tok_s']:.2f}x autoregressive")
-            if parts:
-                out.append(f"  {n}: " + ", ".join(parts))
-    return out
-
-
-def price_controls(by_control: dict[str, list[tuple[str, dict]]]) -> list[tuple[str, dict]]:
-    """One table from the runs of each --control: a controlled row is named "... B=8 control=schema" (its own
-    workload group: compared with rows under the same control) and gets ctl_ms, its step time over the same row's
-    free run."""
-    if list(by_control) == ["free"]:
-        return by_control["free"]
-    free = dict(by_control.get("free", []))
+def _merge_repeats(runs: dict[str, list], check: bool) -> list[tuple[str, dict]]:
+    """One row per name: the median of its repeats; with `check` (greedy, target alone run) "same", the share of
+    its outputs equal to the engine's target-alone outputs for the same prompts (the benchmark checks losslessness
+    while it measures). A dynamic row's name gets the median k it ran at ("k=auto(~3)")."""
+    reference = {key: outs for name, lst in runs.items() if name.startswith("autoregressive") for _, outs, key in lst}
     rows = []
-    for c, rs in by_control.items():
-        for name, m in rs:
-            if c != "free":
-                if name in free and "step_ms" in m and "step_ms" in free[name]:
-                    m = {**m, "ctl_ms": m["step_ms"] - free[name]["step_ms"]}
-                name = f"{name} control={c}"
-            rows.append((name, m))
+    for name, lst in runs.items():
+        k_auto = [x[0]["k_auto"] for x in lst if "k_auto" in x[0]]
+        m = _median([{k: v for k, v in x[0].items() if k != "k_auto"} for x in lst])
+        if k_auto:
+            name = name.replace("k=auto", f"k=auto(~{statistics.median(k_auto):g})")
+        if check and not name.startswith("autoregressive"):
+            pairs = [(o, r) for _, outs, key in lst if key in reference for o, r in zip(outs, reference[key])]
+            if pairs:
+                m["same"] = sum(o == r for o, r in pairs) / len(pairs)
+        rows.append((name, m))
     return rows
 
 

@@ -162,3 +162,38 @@ def test_each_batch_size_repeat_and_the_warm_up_get_prompts_of_their_own():
     seen = [p for run in runs for p in run]
     assert len(seen) == len(set(seen)) == 2 * (1 + 4 + 16) + WARM_UP[0]
     assert prompts_for(4, 1) == prompts_for(4, 1) and [len(r) for r in runs[:2]] == [1, 1]
+
+
+def test_repeats_run_outermost_in_alternating_order_and_merge_into_medians(monkeypatch):
+    """Every row family runs once per repeat, the order reversed every other repeat (drift on a shared host then
+    hits every row alike), and each row is the median of its repeats; "same" compares each repeat's outputs with
+    the target alone's for the same prompts, whichever ran first."""
+    calls = []
+
+    async def engine_rows(args, variant, points, prompts_for, params, rep, bar, trace):
+        calls.append((variant[0], variant[1], rep))
+        tok = {"autoregressive": 10, "sequential": 20, "minedraft": 30}[variant[0]] + rep
+        outs = [[1, 2]] if variant[0] != "minedraft" or rep == 0 else [[9]]  # minedraft differs in repeat 1
+        name = variant[0] + ("" if variant[0] == "autoregressive" else (
+            " (adaptive k) k=auto" if variant[1] == "dynamic" else " k=2")) + " B=1"
+        m = {"tok_s": tok, **({"k_auto": 1 + 2 * rep} if variant[1] == "dynamic" else {})}
+        return [(name, (1, None, rep), m, outs)], None
+
+    def local_row(args, variant, points, prompts_for, params, rep, bar):
+        calls.append(("in-process", variant[0], rep))
+        return [(f"in-process {variant[0]} B=1", (1, None, rep), {"tok_s": 5 + rep}, [[1, 2]])]
+    monkeypatch.setattr(bench, "_engine_rows", engine_rows)
+    monkeypatch.setattr(bench, "in_process_row", local_row)
+    args = bench.build_parser().parse_args(["--repeats", "3", "--batch", "1", "--k", "2", "--modes",
+                                            "autoregressive", "minedraft"])
+    rows = asyncio.run(bench._bench(args))
+    first = [c[:2] for c in calls if c[2] == 0]
+    assert first == [("autoregressive", "fixed"), ("minedraft", "fixed"), ("minedraft", "dynamic"),
+                     ("in-process", "autoregressive")]
+    assert [c[:2] for c in calls if c[2] == 1] == first[::-1]
+    assert [c[:2] for c in calls if c[2] == 2] == first
+    by = dict(rows)
+    assert list(by) == ["autoregressive B=1", "minedraft k=2 B=1", "minedraft (adaptive k) k=auto(~3) B=1",
+                        "in-process autoregressive B=1"]
+    assert by["autoregressive B=1"]["tok_s"] == 11 and "same" not in by["autoregressive B=1"]
+    assert by["minedraft k=2 B=1"]["same"] == 1 / 3 and by["in-process autoregressive B=1"]["same"] == 1.0
