@@ -33,6 +33,23 @@ pancakes; the Renaissance; spiders; thunderstorms; Antarctica; carrots; owls; th
 bamboo; kangaroos; windmills; marathons; chemistry; the Amazon river
 """
 
+# more unseen topics for the bench's open-chat workload only (`bench --workload chat`): enough that every batch size
+# and repeat of a run up to B = 32 gets questions of its own (a suffix index must not meet a question it answered)
+OPEN_CHAT_TOPICS = """
+zebras; the Eiffel Tower; knitting; volcanic islands; octopuses; the accordion; canals; badminton; waffles;
+the Industrial Revolution; ants; fog; the Sahara; potatoes; parrots; the bond market; the telegraph; cactuses;
+koalas; water mills; triathlons; geology; the Nile; giraffes; the Colosseum; pottery; sand dunes; jellyfish;
+the harp; tunnels; table tennis; crepes; the Bronze Age; beetles; rainbows; the Arctic; onions; eagles;
+insurance; the typewriter; mushrooms; camels; steam engines; rowing; astronomy; the Danube; hedgehogs;
+Stonehenge; calligraphy; caves; seahorses; the flute; lighthouse keepers; skiing; dumplings; the Vikings;
+dragonflies; lightning; Greenland; garlic; hummingbirds; credit cards; the fax machine; moss; wolves;
+hot air balloons; sailing; ecology; the Mississippi; flamingos; Machu Picchu; embroidery; waterfalls; starfish;
+the drums; canal locks; fencing; porridge; the Silk Road; ladybugs; auroras; Iceland; peppers; swans; pensions;
+the microscope; ferns; bears; cable cars; surfing; oceanography; the Thames; beavers; the Taj Mahal;
+woodworking; hot springs; sea turtles; the cello; highways; archery; noodles; the Ming dynasty; crickets; tides;
+Madagascar; lentils; herons; mortgages; the compass rose; lichens; foxes; gliders; kayaking; meteorology; the Rhine
+"""
+
 TRAIN_TEMPLATES = [
     "What is {t}?",
     "Explain {t} in simple terms.",
@@ -78,10 +95,19 @@ def train_prompts(seed: int = 0) -> list[str]:
     return out
 
 
+def open_chat_prompts() -> list[str]:
+    """The bench's open-chat questions: the held-out ones, then one per further unseen topic (templates cycling)."""
+    topics = _topics(OPEN_CHAT_TOPICS)
+    return held_out_prompts() + [HELD_OUT_TEMPLATES[i % len(HELD_OUT_TEMPLATES)].format(t=t)
+                                 for i, t in enumerate(topics)]
+
+
 def held_out_prompts() -> list[str]:
     topics = _topics(HELD_OUT_TOPICS)
     # one template per topic, cycling, so every template appears and the set stays small enough to evaluate
     return [HELD_OUT_TEMPLATES[i % len(HELD_OUT_TEMPLATES)].format(t=t) for i, t in enumerate(topics)]
 
 
-assert not set(_topics(TRAIN_TOPICS)) & set(_topics(HELD_OUT_TOPICS)), "held-out topics must be unseen"
+assert not set(_topics(TRAIN_TOPICS)) & set(_topics(HELD_OUT_TOPICS) + _topics(OPEN_CHAT_TOPICS)), \
+    "held-out topics must be unseen"
+assert not set(_topics(HELD_OUT_TOPICS)) & set(_topics(OPEN_CHAT_TOPICS)), "each topic once"

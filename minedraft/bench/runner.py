@@ -42,9 +42,10 @@ def corpus_prompts(n: int, seed: int = 0, words: tuple[int, int] = (8, 24)) -> l
 
 
 def chat_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
-    """n held-out chat questions (minedraft/bench/prompts.py), rendered with the target's chat template."""
-    from .prompts import held_out_prompts
-    pool = held_out_prompts()
+    """n open chat questions on topics the trained draft never saw (minedraft/bench/prompts.py), rendered with the
+    target's chat template."""
+    from .prompts import open_chat_prompts
+    pool = open_chat_prompts()
     random.Random(seed).shuffle(pool)
     return [tokenizer.apply_chat_template([{"role": "user", "content": pool[i % len(pool)]}],
                                           add_generation_prompt=True, tokenize=True, return_dict=False)

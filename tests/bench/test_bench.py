@@ -197,3 +197,14 @@ def test_repeats_run_outermost_in_alternating_order_and_merge_into_medians(monke
                         "in-process autoregressive B=1"]
     assert by["autoregressive B=1"]["tok_s"] == 11 and "same" not in by["autoregressive B=1"]
     assert by["minedraft k=2 B=1"]["same"] == 1 / 3 and by["in-process autoregressive B=1"]["same"] == 1.0
+
+
+def test_open_chat_questions_are_unseen_and_enough_for_a_full_sweep():
+    """The open-chat workload (the control for suffix drafts) gives every B of 1..32 and two repeats questions of
+    their own, on topics the trained draft never saw."""
+    from minedraft.bench.prompts import TRAIN_TOPICS, _topics, held_out_prompts, open_chat_prompts
+    from minedraft.bench.runner import WARM_UP
+    pool = open_chat_prompts()
+    assert len(set(pool)) == len(pool) >= 2 * (1 + 2 + 4 + 8 + 16 + 32) + WARM_UP[0]
+    assert pool[:len(held_out_prompts())] == held_out_prompts()
+    assert not any(f" {t}" in p for p in pool for t in _topics(TRAIN_TOPICS) if len(t) > 8)
