@@ -22,7 +22,8 @@ away from that median is held back, and only a second one in a row replaces the 
 another load, a drafter that got cheaper). Every `explore_every` steps of a load (each load keeps its own
 schedule across bursts; the gap doubles after each probe, up to `max_gap_factor` times, while that load's choice
 stands) it tries another budget for `probe_steps` steps,
-cycling through k - 1, k + 1 and 0, so the estimates stay fresh, plain decoding is re-measured even from a
+cycling through k - 1, k + 1 and 0 (the neighbouring levels when only some budgets are allowed: suffix drafts
+alone choose between 0 and k), so the estimates stay fresh, plain decoding is re-measured even from a
 large k, and it can come back from 0 (the caller drops the draft time of the first step after plain decoding:
 it also caught the drafter up, and measures goodput only from the third step at one budget: the first ones
 after a switch pay for the merge or split and for waking the borrowed cores' threads). Started at k = 0
@@ -57,11 +58,17 @@ class AdaptiveK:
                  explore_every: int = 48, extra: int = 0, allow_zero: bool = True, tetris: bool = False,
                  merge_zero: bool = False, window: int = 12, min_measured: int = 3, probe_steps: int = 2,
                  max_gap_factor: int = 1, prior_margin: float = 1.25, zero_margin: float = 1.1,
-                 resume_share: float = 0.05):
+                 resume_share: float = 0.05, levels: tuple[int, ...] | None = None):
         self.k_max, self.overlap, self.ema, self.explore_every = k_max, overlap, ema, explore_every
         self.merge_zero = merge_zero and overlap
         self.extra, self.k_min, self.tetris = extra, 0 if allow_zero else 1, tetris
+        # the budgets it may choose: every k from k_min to k_max, or only these (e.g. (0, k) for suffix drafts,
+        # whose per-row length the index already chooses: k only caps it, so the one decision is whether to draft)
+        self.levels = tuple(sorted(levels)) if levels else tuple(range(self.k_min, k_max + 1))
+        self.k_min = self.levels[0]
         self.k = k_start if k_start is not None else max(1, k_max // 2)
+        if self.k not in self.levels:
+            self.k = min(self.levels, key=lambda x: abs(x - self.k))
         self.alpha = 0.7
         self.window, self.min_measured, self.probe_steps = window, min_measured, probe_steps
         self.max_gap_factor, self.prior_margin, self.zero_margin = max_gap_factor, prior_margin, zero_margin
@@ -202,7 +209,7 @@ class AdaptiveK:
             self.rows = rows
         if not self.t_verify:
             return self.k
-        rates = {k: self.rate(k) for k in range(self.k_min, self.k_max + 1)}
+        rates = {k: self.rate(k) for k in self.levels}
         best = max(rates, key=rates.get)
         b = bucket(self.rows)
         measured = [k for k in rates if self._measured(b, k)]
@@ -235,7 +242,9 @@ class AdaptiveK:
         elif st["steps"] >= st["next"] and not zero_unknown \
                 and not (best == 0 and st["steps"] - st["last"] < self._resume_wait(b)):
             st["last"] = st["steps"]
-            probes = [p for p in dict.fromkeys((best - 1, best + 1, 0)) if p != best and self.k_min <= p <= self.k_max]
+            i = self.levels.index(best)  # the neighbouring budgets, and plain decoding
+            near = self.levels[max(0, i - 1):i] + self.levels[i + 1:i + 2] + (0,)
+            probes = [p for p in dict.fromkeys(near) if p != best and p in self.levels]
             if probes:
                 best = probes[self._probes_done % len(probes)]
                 self._probes_done += 1
@@ -257,8 +266,13 @@ class DynamicSpeculation:
 
     def __init__(self, cfg, scheduler):
         merge = cfg.mode == "minedraft"  # the workers merge the two batches at k = 0 (spec "merge_on_zero")
+        suffix_alone = cfg.suffix_drafts and cfg.draft_model is None
         self.controller = AdaptiveK(cfg.k, overlap=merge, extra=cfg.max_draft - cfg.k, tetris=cfg.tetris,
                                     merge_zero=merge,
+                                    # suffix drafts alone: draft (up to k, lengths the index's) or not; an
+                                    # i.i.d.-acceptance model of shorter caps does not fit drafts that are
+                                    # all or nothing (a copied span), and lost 0.66-0.85x to k = 6 at B <= 2
+                                    levels=(0, cfg.k) if suffix_alone else None,
                                     # start as autoregressive mode runs; drafting has to prove itself (in
                                     # sequential mode too: started at k/2 it never measured plain decoding on
                                     # open chat with suffix drafts, B = 16, and ran at 0.67x it)

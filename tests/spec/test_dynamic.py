@@ -328,7 +328,7 @@ def test_rows_without_drafts_do_not_dilute_the_measured_gain():
     from minedraft.ipc.messages import StepResult, Verdict
     from minedraft.spec.dynamic import DynamicSpeculation
     sched = SimpleNamespace(running={}, set_k=lambda k: None)
-    cfg = SimpleNamespace(mode="sequential", k=3, max_draft=3, tetris=True)
+    cfg = SimpleNamespace(mode="sequential", k=3, max_draft=3, tetris=True, suffix_drafts=False, draft_model="draft")
     dyn = DynamicSpeculation(cfg, sched)
     rows = [StepResult(i, [1, 2, 3, 4], 3, 3, None) for i in range(2)] + [StepResult(i, [1], 0, 0, None)
                                                                           for i in range(2, 6)]
@@ -352,3 +352,26 @@ def test_a_costly_catch_up_spaces_the_probes_from_plain_decoding(resume_s, probe
     if resume_s:
         _feed(ctl, 32, 3200)                             # past 5.0 / (5% x 32 ms) = 3,125 steps: probes again
         assert ctl._probes_done > before
+
+
+def test_suffix_drafts_alone_choose_between_plain_decoding_and_the_full_cap():
+    """With suffix drafts alone the index already picks each row's draft length, k only caps it: the controller
+    chooses 0 or k and probes only the other, never a shorter cap (the engine wires levels (0, k) for
+    draft="suffix", every k otherwise)."""
+    from types import SimpleNamespace
+
+    from minedraft.config import EngineConfig
+    from minedraft.spec.dynamic import DynamicSpeculation
+    ctl = AdaptiveK(k_max=6, overlap=False, k_start=0, levels=(0, 6), probe_steps=4, explore_every=16)
+    for _ in range(200):  # drafting pays twice over once it runs: goodput 2x plain decoding
+        k = ctl.k
+        wall = 0.010
+        ctl.observe(k, 0.0001 if k else None, wall, 4 * 3 if k else 0, 4 if k else 0, rows=4,
+                    tokens=4 * (4 if k else 1) // (2 if k else 1), wall_s=wall)
+        ctl.choose(4)
+    assert set(ctl.history) == {0, 6} and Counter(ctl.history[-100:]).most_common(1)[0][0] == 6
+    sched = SimpleNamespace(running={}, set_k=lambda k: None)
+    tiny = EngineConfig().target
+    assert DynamicSpeculation(EngineConfig(draft="suffix", k=5, mode="sequential"), sched).controller.levels == (0, 5)
+    assert DynamicSpeculation(EngineConfig(target=tiny, k=3, mode="sequential"), sched).controller.levels == (
+        0, 1, 2, 3)
