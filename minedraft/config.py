@@ -42,6 +42,13 @@ def default_mode(draft: str) -> str:
     return "sequential" if parse_draft(draft)[1] is None else "minedraft"
 
 
+def default_k(draft: str) -> int:
+    """k when none is given: 6 for suffix drafts alone (a copied span comes whole and costs no forward to draft; the
+    index still stops each row's draft where its continuation gets unlikely; docs/BENCHMARKS.md "Suffix drafts"
+    measured k = 6), 4 with a draft model, where every drafted token is a forward."""
+    return 6 if parse_draft(draft)[1] is None else 4
+
+
 def self_scheme(model: str) -> str | None:
     """"self:int4" -> "int4"; a model directory -> None; an unknown scheme -> ValueError."""
     if not model.startswith(SELF_PREFIX):
@@ -59,7 +66,7 @@ class EngineConfig:
     # "minedraft" (two-batch overlap) | "sequential" (standard SD) | "autoregressive" (target alone) | "auto":
     # sequential for suffix drafts alone (no draft model: nothing for the overlap to hide), else minedraft
     mode: str = "auto"
-    k: int = 4                       # draft tokens per step (the upper bound when adaptive_k)
+    k: int | None = None             # draft tokens per step (the cap when adaptive_k); None: default_k(draft), 6 or 4
     # dynamic speculation: pick k per step (0..k) from measured cost and acceptance. On by default: it starts at
     # k = 0 (every mode) and drafts only once drafting measurably pays, so a draft that does not pay on this
     # host costs next to nothing (README "Defaults"; docs/BENCHMARKS.md "Defaults")
@@ -101,9 +108,10 @@ class EngineConfig:
 
         if self.mode not in MODES + ("auto",):
             bad(f"mode must be one of {MODES + ('auto',)}, got {self.mode!r}")
-        if self.mode == "auto":  # resolved once, here: everything downstream sees a concrete mode
+        if self.mode == "auto" or self.k is None:  # resolved once, here: everything downstream sees concrete values
             try:
-                self.mode = default_mode(self.draft)
+                self.mode = default_mode(self.draft) if self.mode == "auto" else self.mode
+                self.k = default_k(self.draft) if self.k is None else self.k
             except ValueError as e:
                 bad(str(e))
         for name in ("k", "max_batch_size", "kv_cache_tokens", "block_size", "max_prompt_tokens",

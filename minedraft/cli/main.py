@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig
+from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig, default_k
 from ..serving.zmq.protocol import DEFAULT_MAX_QUEUED_REPLIES  # one constant for the cli and the server
 from .common import (PROG, _cores, _default, _engine_kw, _fail,
                      _Formatter, _name_options, _positive_float, _positive_int, _quiet_libraries, _run_async)
@@ -44,7 +44,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                         "speculative decoding; autoregressive: target alone; auto (default): sequential for "
                         "--draft suffix (no draft model, nothing to overlap), else minedraft")
     g.add_argument("--k", type=int, default=_default("k"), metavar="K",
-                   help="draft tokens per speculative step (1..16; ignored in autoregressive mode)")
+                   help="draft tokens per speculative step (1..16; ignored in autoregressive mode; default: 6 with "
+                        "--draft suffix alone, else 4)")
     g.add_argument("--dynamic", "--adaptive-k", action=argparse.BooleanOptionalAction, dest="adaptive_k",
                    default=_default("adaptive_k"),
                    help="dynamic speculation (on by default): pick the draft budget per step (0..--k, 0 = plain "
@@ -261,10 +262,11 @@ def _generate_config(a) -> EngineConfig:
     kw = _engine_kw(a)
     if a.mode == "autoregressive":
         kw["k"] = _default("k")  # k is ignored in this mode, so any value is accepted
-    elif not 1 <= a.k <= 16:
+    elif a.k is not None and not 1 <= a.k <= 16:
         raise ValueError(f"--k must be in 1..16, got {a.k}")
     block = _default("block_size")
-    need = a.max_prompt_tokens + a.max_tokens + kw["k"] + (a.tetris_extra if a.tetris else 0) + 1
+    k = kw["k"] if kw["k"] is not None else default_k(kw["draft"])
+    need = a.max_prompt_tokens + a.max_tokens + k + (a.tetris_extra if a.tetris else 0) + 1
     kw.update(max_tokens_limit=a.max_tokens, max_batch_size=1, max_queue=1,
               kv_cache_tokens=-(-need // block) * block)
     return EngineConfig(**kw)

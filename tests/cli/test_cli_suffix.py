@@ -29,3 +29,18 @@ def test_bad_suffix_draft_is_one_line_error(capsys):
     assert "not a directory" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         build_parser().parse_args(["generate", "x", "--hybrid-threshold", "abc"])
+
+
+def test_k_defaults_by_draft_on_the_command_line_and_in_the_config():
+    """No --k: 6 for suffix drafts alone (the setting the suffix tables measured), 4 with a draft model (the hybrid
+    included); a given k stands, and generate's cache sizing uses the resolved one."""
+    from minedraft.cli.main import _generate_config
+    from minedraft.config import EngineConfig, default_k
+    assert EngineConfig.k is None and kw("--draft", "suffix")["k"] is None
+    assert EngineConfig(draft="suffix").k == 6 == default_k("suffix")
+    assert EngineConfig().k == 4 == EngineConfig(draft=f"suffix+{DEFAULT_DRAFT}").k
+    assert EngineConfig(draft="suffix", k=3).k == 3
+    cfg = _generate_config(build_parser().parse_args(["generate", "x", "--draft", "suffix", "--max-tokens", "10"]))
+    assert cfg.k == 6 and cfg.kv_cache_tokens >= cfg.max_prompt_tokens + 10 + 6 + 1
+    with pytest.raises(ValueError, match="--k must be in 1..16"):
+        _generate_config(build_parser().parse_args(["generate", "x", "--k", "0"]))
