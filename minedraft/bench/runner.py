@@ -185,13 +185,15 @@ async def _engine_rows(args, variant, points, prompts_for, params, rep: int, bar
                 engine.scheduler.set_k(k)
             if trace:
                 engine.scheduler.stats.trace.clear()
+            n0 = len(engine.adaptive.history) if engine.adaptive else 0
             metrics, outputs = await run_workload(engine, prompts_for(b * args.waves, rep), params, r, seed=rep)
             if trace and k == ks[-1] and b == max(b for _, b, _ in points):
                 events = list(engine.scheduler.stats.trace)
             tag = ("" if mode == "autoregressive" else f" k={'auto' if kind == 'dynamic' else k}") + where + f" B={b}"
             tag += f" rate={r:g}/s" if r else ""
-            if kind == "dynamic" and engine.adaptive and engine.adaptive.history:
-                metrics["k_auto"] = statistics.median(engine.adaptive.history)  # shown in the name, see _bench
+            ks_run = engine.adaptive.history[n0:] if engine.adaptive else []
+            if kind == "dynamic" and ks_run:  # the mean budget of this run's steps, shown in the name (_merge_repeats)
+                metrics["k_auto"] = sum(ks_run) / len(ks_run)
             out.append((name + tag, (b, r, rep), metrics, outputs))
             bar.update(1)
     return out, events
@@ -265,14 +267,14 @@ async def _bench(args, control: str = "free") -> list[tuple[str, dict]]:
 def _merge_repeats(runs: dict[str, list], check: bool) -> list[tuple[str, dict]]:
     """One row per name: the median of its repeats; with `check` (greedy, target alone run) "same", the share of
     its outputs equal to the engine's target-alone outputs for the same prompts (the benchmark checks losslessness
-    while it measures). A dynamic row's name gets the median k it ran at ("k=auto(~3)")."""
+    while it measures). A dynamic row's name gets the mean k its steps ran at ("k=auto(~2.4)")."""
     reference = {key: outs for name, lst in runs.items() if name.startswith("autoregressive") for _, outs, key in lst}
     rows = []
     for name, lst in runs.items():
         k_auto = [x[0]["k_auto"] for x in lst if "k_auto" in x[0]]
         m = _median([{k: v for k, v in x[0].items() if k != "k_auto"} for x in lst])
         if k_auto:
-            name = name.replace("k=auto", f"k=auto(~{statistics.median(k_auto):g})")
+            name = name.replace("k=auto", f"k=auto(~{statistics.median(k_auto):.1f})")
         if check and not name.startswith("autoregressive"):
             pairs = [(o, r) for _, outs, key in lst if key in reference for o, r in zip(outs, reference[key])]
             if pairs:

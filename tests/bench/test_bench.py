@@ -193,7 +193,7 @@ def test_repeats_run_outermost_in_alternating_order_and_merge_into_medians(monke
     assert [c[:2] for c in calls if c[2] == 1] == first[::-1]
     assert [c[:2] for c in calls if c[2] == 2] == first
     by = dict(rows)
-    assert list(by) == ["autoregressive B=1", "minedraft k=2 B=1", "minedraft (adaptive k) k=auto(~3) B=1",
+    assert list(by) == ["autoregressive B=1", "minedraft k=2 B=1", "minedraft (adaptive k) k=auto(~3.0) B=1",
                         "in-process autoregressive B=1"]
     assert by["autoregressive B=1"]["tok_s"] == 11 and "same" not in by["autoregressive B=1"]
     assert by["minedraft k=2 B=1"]["same"] == 1 / 3 and by["in-process autoregressive B=1"]["same"] == 1.0
