@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from .baselines import WARM_UP, headline, hf_assisted, in_process_row, in_process_runs, in_process_variants
 from .report import _group, _median, format_table, price_controls, ratios  # noqa: F401 (the bench's API)
-from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, default_mode
+from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, default_k, default_mode
 from ..cores import available_cores, format_cores, threads_for
 from ..sampling_params import SamplingParams
 
@@ -200,7 +200,7 @@ async def _engine_rows(args, variant, points, prompts_for, params, rep: int, bar
 
 
 async def _bench(args, control: str = "free") -> list[tuple[str, dict]]:
-    ks = args.k or [4]
+    ks = args.k or [default_k(args.draft or DEFAULT_DRAFT)]
     batches = args.batch or [16]
     rates = args.rate or [None]
     points = [(k, b, r) for k in ks for b in batches for r in rates]
@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a named pair instead of --target/--draft, as generate and serve take it: 'tiny' or a "
                         "pulled one such as smollm2-135m (`minedraft models list`)")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="modes to compare (default: all)")
-    p.add_argument("--k", type=int, nargs="+", help="draft lengths to sweep, e.g. --k 1 2 3 4 5 6 (default: 4)")
+    p.add_argument("--k", type=int, nargs="+", help="draft lengths to sweep, e.g. --k 1 2 3 4 5 6 (default: 6 with --draft "
+                   "suffix alone, else 4, as the engine's)")
     p.add_argument("--batch", type=int, nargs="+", help="concurrent requests to sweep (default: 16)")
     p.add_argument("--rate", type=float, nargs="+",
                    help="Poisson arrival rates in requests/s to sweep (default: all requests at once)")
