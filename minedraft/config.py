@@ -110,8 +110,10 @@ class EngineConfig:
             bad(f"mode must be one of {MODES + ('auto',)}, got {self.mode!r}")
         if self.mode == "auto" or self.k is None:  # resolved once, here: everything downstream sees concrete values
             try:
-                self.mode = default_mode(self.draft) if self.mode == "auto" else self.mode
-                self.k = default_k(self.draft) if self.k is None else self.k
+                if self.mode == "auto":
+                    self.mode = default_mode(self.draft)
+                if self.k is None:
+                    self.k = default_k(self.draft)
             except ValueError as e:
                 bad(str(e))
         for name in ("k", "max_batch_size", "kv_cache_tokens", "block_size", "max_prompt_tokens",

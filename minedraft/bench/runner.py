@@ -153,6 +153,17 @@ def _engine_variants(args, modes, splits, tetris) -> list[tuple]:
     return out
 
 
+def _points_of(variant, points) -> list[tuple]:
+    """The (k, B, rate) one engine row family runs: every point, or one per (B, rate) where k does not apply (the
+    target alone, dynamic speculation)."""
+    if variant[0] == "autoregressive" or variant[1] == "dynamic":
+        first: dict = {}
+        for k, b, r in points:
+            first.setdefault((b, r), (k, b, r))
+        return list(first.values())
+    return points
+
+
 async def _engine_rows(args, variant, points, prompts_for, params, rep: int, bar, trace: bool):
     """One repeat of one engine row family over every (k, B, rate): a fresh engine, warmed up first.
 
@@ -175,13 +186,8 @@ async def _engine_rows(args, variant, points, prompts_for, params, rep: int, bar
     from ..engine.engine import Engine  # torch: not at `bench --help`
     async with Engine(cfg, trace=trace) as engine:
         await run_workload(engine, prompts_for(*WARM_UP), params, None)  # warm-up
-        seen: set = set()
-        for k, b, r in points:
-            if mode == "autoregressive" or kind == "dynamic":  # k does not apply: one run per (B, rate)
-                if (b, r) in seen:
-                    continue
-                seen.add((b, r))
-            else:
+        for k, b, r in _points_of(variant, points):
+            if mode != "autoregressive" and kind != "dynamic":
                 engine.scheduler.set_k(k)
             if trace:
                 engine.scheduler.stats.trace.clear()
@@ -218,11 +224,9 @@ async def _bench(args, control: str = "free") -> list[tuple[str, dict]]:
     for n in splits:
         if n is not None and not 1 <= n < len(allowed):
             raise ValueError(f"--split {n}: the drafter needs 1..{len(allowed) - 1} of the {len(allowed)} cores")
-    workloads = len({(b, r) for _, b, r in points})
     tetris = {"off": [False], "on": [True], "both": [False, True]}[args.tetris]
     variants = _engine_variants(args, modes, splits, tetris)
-    per_variant = {v: workloads if v[0] == "autoregressive" or v[1] == "dynamic" else len(points) for v in variants}
-    n_runs = sum(per_variant.values()) * args.repeats + in_process_runs(args, points)
+    n_runs = sum(len(_points_of(v, points)) for v in variants) * args.repeats + in_process_runs(args, points)
     if args.hf:
         n_runs += args.repeats
     bar = tqdm(total=n_runs, desc="bench", unit="run")
