@@ -24,7 +24,7 @@ from minedraft.cache.paged_kv import BlockAllocator, PagedKVCache
 from minedraft.errors import InvalidRequestError, MinedraftError
 from minedraft.ipc import messages as M
 from minedraft.ipc.codec import decode_cmd, decode_drafts, decode_status, decode_to_drafter, encode
-from minedraft.spec.sampling import accept, process_logits
+from minedraft.sampling.reference import accept, process_logits
 from minedraft.sampling_params import SamplingParams
 
 try:

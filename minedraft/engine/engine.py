@@ -131,7 +131,7 @@ class Engine:
         # suffix drafts alone never send probabilities (q None): no room for them
         nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab if cfg.draft_model else 0)
         # a feature-conditioned draft gets the target's features back with each verdict (ipc/tensors.py)
-        from ..workers.model_runner import FEATURE_FILE
+        from ..runner.model_runner import FEATURE_FILE
         feat_nbytes = feature_slot_nbytes(cfg, _hidden_size(cfg.target)) if (
             k and cfg.draft_model and os.path.exists(os.path.join(cfg.draft_model, FEATURE_FILE))) else 0
         if not draft_dev.startswith("cuda"):
@@ -158,7 +158,7 @@ class Engine:
             self.step_stats = StepStats(k)
             self.scheduler.verdict_listeners.append(self.step_stats)
             mpc = mp.get_context("spawn")
-            from ..workers.tp_workers import role_processes  # imports torch.distributed: not at engine import
+            from ..workers.tp_ranks import role_processes  # imports torch.distributed: not at engine import
             # each role's cores are split among its ranks (shared when there are fewer cores than ranks)
             draft_procs = role_processes(mpc, "drafter", drafter_main,
                                          replace(common, device=draft_dev, share_cores=target_cores if lend else None),
@@ -177,7 +177,7 @@ class Engine:
             raise
         self._ready = True
         if cfg.adaptive_k and k:
-            from ..spec.dynamic import DynamicSpeculation
+            from .dynamic import DynamicSpeculation
             dyn = DynamicSpeculation(cfg, self.scheduler)
             self.adaptive = dyn.controller
             self.scheduler.verdict_listeners.append(dyn)

@@ -17,10 +17,10 @@ from ..errors import InvalidRequestError
 from ..outputs import GenerationResult
 from .request_state import RequestState, make_request
 from ..models.check import eos_ids
-from ..spec.controls import Controls
-from ..workers.model_runner import ModelRunner
-from ..workers.self_draft import load_draft
-from ..workers.suffix_drafter import make_drafter
+from ..controls.logits import Controls
+from ..runner.model_runner import ModelRunner
+from ..drafting.load import load_draft
+from ..drafting.suffix_drafter import make_drafter
 from ..workers.verifier import Verifier
 
 
@@ -41,7 +41,7 @@ class LocalEngine:
             if self.draft.vocab_size != self.target.vocab_size:
                 raise ValueError("draft and target vocabularies differ; they must share a tokenizer")
         if self.k:
-            # output controls see the target's tokenizer and eos ids on both sides (spec/controls.py)
+            # output controls see the target's tokenizer and eos ids on both sides (controls/logits.py)
             self.drafter = make_drafter(self.draft, self.max_draft,
                                         (cfg.suffix_options or {}) if cfg.suffix_drafts else None, cfg.hybrid_threshold,
                                         Controls(self.target.vocab_size, eos, cfg.target))

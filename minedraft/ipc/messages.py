@@ -33,7 +33,7 @@ class Addresses(_Msg):
 
 
 class TPRank(_Msg):
-    """One tensor-parallel rank of a role (workers/tp_workers.py)."""
+    """One tensor-parallel rank of a role (workers/tp_ranks.py)."""
     role: str        # "drafter" | "verifier"
     model: str       # "draft" | "target": the spec field holding its model directory
     rank: int
@@ -97,7 +97,7 @@ class StepResult(_Msg):
     finish_reason: str | None    # "stop" | "length" | None (still running)
     prefill_tokens: int = 0      # on a request's first result: prompt positions the verifier computed
     # with SamplingParams.logprobs: per new token [logprob, [[id, logprob], ...]] under the target's raw law
-    # (spec/logprobs.py); None unless the request asked
+    # (sampling/logprobs.py); None unless the request asked
     logprobs: list | None = None
 
 

@@ -16,11 +16,11 @@ from .process import POLL_MS, _Worker, drain, placement
 
 class DrafterProcess(_Worker):
     def setup(self):
-        from .suffix_drafter import make_drafter
+        from ..drafting.suffix_drafter import make_drafter
         spec, a = self.spec, self.spec.addr
         # draft="suffix" loads no model (spec.draft None); "suffix+<model>" loads the model as usual
         self.runner = self.load(spec.draft) if spec.k and spec.draft else None
-        from ..spec.controls import Controls  # grammars see the target's tokenizer and eos ids, as the verifier's
+        from ..controls.logits import Controls  # grammars see the target's tokenizer and eos ids, as the verifier's
         self.drafter = make_drafter(self.runner, spec.max_draft, spec.suffix, spec.hybrid_threshold,
                                     Controls(self.runner.vocab_size if self.runner else 0, spec.eos, spec.target)
                                     ) if spec.k else None

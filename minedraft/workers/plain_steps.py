@@ -4,7 +4,7 @@ Two half batches with nothing to overlap cost two weight passes where one full b
 cores would sit idle. So at k = 0 the drafter merges its two batches into one and the verifier borrows the
 drafter's cores, which is how autoregressive mode runs; with drafts again the batch splits and the cores go back.
 The drafter and verifier loops (workers/drafter_process.py, verifier_process.py) call these three functions;
-the controller that picks k is minedraft/spec/dynamic.py.
+the controller that picks k is minedraft/engine/dynamic.py.
 """
 
 from __future__ import annotations

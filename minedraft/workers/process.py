@@ -64,7 +64,7 @@ def placement(runner=None) -> dict:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     out = {"cores": cores, "threads": torch.get_num_threads()}
     if runner is not None:
-        from .self_draft import model_info
+        from ..drafting.load import model_info
         out["model"] = model_info(runner)
     return out
 
@@ -179,5 +179,5 @@ def drain(sock, decode):
 
 
 def _load(spec: WorkerSpec, path: str):
-    from .self_draft import load_draft  # a model folder, or a self-draft built from spec.target
+    from ..drafting.load import load_draft  # a model folder, or a self-draft built from spec.target
     return load_draft(path, spec.target, spec.kv_cache_tokens, spec.block_size, spec.device, spec.dtype)

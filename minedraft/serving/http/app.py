@@ -26,7 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ...errors import EngineDeadError, InvalidRequestError, OverloadedError
-from . import controls as ctl
+from . import output_fields as ctl
 from . import openai_api as oa
 from .guard import DEFAULT_REFUSAL_RATE, RefusalPacer
 from .metrics import CONTENT_TYPE, Metrics
@@ -162,7 +162,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             raise oa.invalid(f"the request body is not valid JSON: {e}") from None
         except RecursionError:
             raise oa.invalid("the request body is nested too deeply") from None
-        oa.check_text(bytes(body), obj)
+        oa.check_body_text(bytes(body), obj)
         return obj
 
     async def completions(request: Request):

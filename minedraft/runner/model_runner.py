@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from ..spec.batch_sampling import take_rows
+from ..sampling.batch_sampling import take_rows
 from ..cache import PagedKVCache
 
 try:  # location is stable across transformers 4.4x and 5.x

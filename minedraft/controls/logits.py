@@ -2,13 +2,13 @@
 
 Each is a function of the history (prompt + output so far) at the position being scored, so under speculation it
 is applied at every drafted position from the history up to that position, drafts included, identically to the
-draft's logits (workers/drafter.py) and to the target's at verification (workers/verifier.py). Acceptance then
+draft's logits (drafting/drafter.py) and to the target's at verification (workers/verifier.py). Acceptance then
 compares the processed laws, and the output follows exactly the law of the target alone under the same control
 (greedy: its argmax; sampled: rejection sampling is exact for any draft law q, and here q is the draft's processed
 law). A rejected draft leaves no trace: every drafted token pushed onto a RowControl is popped again before the
 verdict is applied, and the grammar matcher is rolled back with it.
 
-Order at one position, on float32 logits, before temperature / top-k / top-p (spec/batch_sampling.py):
+Order at one position, on float32 logits, before temperature / top-k / top-p (sampling/batch_sampling.py):
 1. repetition_penalty r on every token seen in the prompt or the output: logit / r if logit > 0, else logit * r;
 2. frequency_penalty * count and presence_penalty * (count > 0), counts over output tokens only, subtracted;
 3. logit_bias added;

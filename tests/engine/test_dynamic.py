@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from minedraft.spec.dynamic import AdaptiveK, bucket
+from minedraft.engine.dynamic import AdaptiveK, bucket
 
 
 def _simulate(overlap: bool, alpha: float, td_tok: float, tv0: float, tv_tok: float, steps=400, B=8, seed=0):
@@ -326,7 +326,7 @@ def test_rows_without_drafts_do_not_dilute_the_measured_gain():
     from types import SimpleNamespace
 
     from minedraft.ipc.messages import StepResult, Verdict
-    from minedraft.spec.dynamic import DynamicSpeculation
+    from minedraft.engine.dynamic import DynamicSpeculation
     sched = SimpleNamespace(running={}, set_k=lambda k: None)
     cfg = SimpleNamespace(mode="sequential", k=3, max_draft=3, tetris=True, suffix_drafts=False, draft_model="draft")
     dyn = DynamicSpeculation(cfg, sched)
@@ -361,7 +361,7 @@ def test_suffix_drafts_alone_choose_between_plain_decoding_and_the_full_cap():
     from types import SimpleNamespace
 
     from minedraft.config import EngineConfig
-    from minedraft.spec.dynamic import DynamicSpeculation
+    from minedraft.engine.dynamic import DynamicSpeculation
     ctl = AdaptiveK(k_max=6, overlap=False, k_start=0, levels=(0, 6), probe_steps=4, explore_every=16)
     for _ in range(200):  # drafting pays twice over once it runs: goodput 2x plain decoding
         k = ctl.k

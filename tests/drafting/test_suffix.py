@@ -1,4 +1,4 @@
-"""The suffix index (minedraft/spec/suffix.py) against a brute-force oracle, its knobs, and its memory bound."""
+"""The suffix index (minedraft/drafting/suffix_index.py) against a brute-force oracle, its knobs, and its memory bound."""
 
 import random
 import tracemalloc
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minedraft.spec.suffix import SuffixConfig, SuffixIndex
+from minedraft.drafting.suffix_index import SuffixConfig, SuffixIndex
 
 
 def oracle(texts, ctx, cfg, budget, own_end=None):  # noqa: C901

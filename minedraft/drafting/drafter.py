@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..spec import tetris
-from ..spec.batch_sampling import RowParams, sample_draft_step
-from ..spec.controls import Controls, RowControl, process_rows
+from ..sampling import tetris
+from ..sampling.batch_sampling import RowParams, sample_draft_step
+from ..controls.logits import Controls, RowControl, process_rows
 from ..sampling_params import SamplingParams
-from .model_runner import ModelRunner
+from ..runner.model_runner import ModelRunner
 from ..ipc.messages import NewRequest
 
 
@@ -31,7 +31,7 @@ class _DraftSeq:
     rounds: int = 0        # verdicts applied: a redraft of a position draws fresh numbers
     feats: torch.Tensor | None = None  # feature-conditioned draft: target features not yet fed, from the one
     #                                    before the first unfed token (a zero row stands before token 0)
-    ctl: RowControl | None = None      # penalties / logit bias / grammar (spec/controls.py), None without
+    ctl: RowControl | None = None      # penalties / logit bias / grammar (controls/logits.py), None without
     skip: int = 0          # features still to drop from the head of the stream: those of a cached prefix
 
 

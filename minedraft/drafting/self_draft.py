@@ -10,8 +10,7 @@ draft's cost depend on the scheme.
         (measured in docs/BENCHMARKS.md "Self-drafts": the head is 21% of SmolLM2-135M's weights, and an int4
         head costs acceptance for little time).
 
-Kernels: on CPU `aten._convert_weight_to_int4pack_for_cpu` / `aten._weight_int4pack_mm_for_cpu`; on CUDA
-`aten._convert_weight_to_int4pack` / `aten._weight_int4pack_mm` (bf16 activations). torch's CPU int8
+The int4 layer is runner/int4.py. torch's CPU int8
 weight-only kernel is far slower than float32 on CPU (FINDINGS.md), hence no int8 scheme.
 """
 
@@ -22,55 +21,8 @@ import time
 import torch
 from torch import nn
 
-from ..config import SELF_PREFIX as PREFIX, SELF_SCHEMES as SCHEMES, self_scheme
-
-GROUP = 32  # input columns per scale/offset; 32 measured best for acceptance at equal speed (BENCHMARKS.md)
-
-
-class Int4Linear(nn.Module):
-    """y = x W^T (+ b) with W stored as 4-bit codes q in groups of `group` input columns: W = (q - 8) * s + z.
-    Inputs of any float dtype are computed in bfloat16; the output is bfloat16."""
-
-    def __init__(self, linear: nn.Linear, group: int = GROUP):
-        super().__init__()
-        w = linear.weight.detach().float()
-        n, k = w.shape
-        if k % group or k % 64 or n % 8:
-            raise ValueError(f"int4 needs in_features % {max(group, 64)} == 0 and out_features % 8 == 0, got {n}x{k}")
-        self.in_features, self.out_features, self.group = k, n, group
-        g = w.view(n, k // group, group)
-        lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-        scale = ((hi - lo) / 15).clamp(min=1e-8)
-        q = ((g - lo) / scale).round().clamp(0, 15).to(torch.int32).view(n, k)
-        zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
-        sz = torch.cat([scale, zero], -1).transpose(0, 1).contiguous().to(torch.bfloat16)  # [k/group, n, 2]
-        dev = linear.weight.device
-        if dev.type == "cuda":
-            packed_q = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
-            tiles = next(t for t in (8, 4, 2) if k % (32 * t) == 0)  # the CUDA layout's inner K tiles
-            packed = torch.ops.aten._convert_weight_to_int4pack(packed_q.to(dev), tiles)
-        else:
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        self.register_buffer("packed", packed.to(dev))
-        self.register_buffer("scales_zeros", sz.to(dev))
-        b = linear.bias
-        self.register_buffer("bias", None if b is None else b.detach().to(device=dev, dtype=torch.bfloat16))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        if x2.is_cuda:
-            y = torch.ops.aten._weight_int4pack_mm(x2, self.packed, self.group, self.scales_zeros)
-        else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.packed, self.group, self.scales_zeros)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*shape[:-1], self.out_features).to(x.dtype)
-
-
-def packable(lin: nn.Linear, group: int = GROUP) -> bool:
-    k, n = lin.in_features, lin.out_features
-    return k % group == 0 and k % 64 == 0 and n % 8 == 0
+from ..config import SELF_PREFIX as PREFIX, SELF_SCHEMES as SCHEMES
+from ..runner.int4 import GROUP, Int4Linear, packable
 
 
 def _decoder_linears(model):
@@ -120,29 +72,10 @@ def load_self_draft(target_path: str, scheme: str, kv_cache_tokens: int, block_s
                     group: int = GROUP, head: str = "float", act: str = "float32"):
     """The drafter's runner for a self-draft of the target at target_path: load it in float32, convert.
     Returns a ModelRunner with `.draft_info` = {scheme, weight_bytes, load_s}."""
-    from .model_runner import ModelRunner, load_causal_lm
+    from ..runner.model_runner import ModelRunner, load_causal_lm
     t0 = time.perf_counter()
     model = convert(load_causal_lm(target_path, device, "float32"), scheme, group, head, act)
     runner = ModelRunner(model, kv_cache_tokens, block_size)
     runner.draft_info = {"scheme": PREFIX + scheme, "weight_bytes": weight_bytes(model),
                          "load_s": round(time.perf_counter() - t0, 3)}
     return runner
-
-
-def load_draft(draft: str, target: str, kv_cache_tokens: int, block_size: int = 16, device="cpu",
-               dtype="float32"):
-    """The drafter's runner for the draft option: a model folder, or a self-draft built from the target's folder."""
-    from .model_runner import ModelRunner
-    scheme = self_scheme(draft)
-    if scheme is not None:
-        return load_self_draft(target, scheme, kv_cache_tokens, block_size, device)
-    return ModelRunner.from_pretrained(draft, kv_cache_tokens, block_size, device, dtype)
-
-
-def model_info(runner) -> dict:
-    """What a worker's model takes: {"weight_bytes": n} (+ scheme and load_s for a self-draft)."""
-    info = getattr(runner, "draft_info", None)
-    if info is None:
-        model = getattr(runner, "model", None)
-        info = {"weight_bytes": weight_bytes(model)} if model is not None else {}
-    return dict(info)

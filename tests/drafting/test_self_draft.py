@@ -17,10 +17,11 @@ import torch
 from minedraft.config import EngineConfig
 from minedraft.engine.engine import Engine
 from minedraft.engine.local_engine import LocalEngine
-from minedraft.spec.sampling import process_logits
+from minedraft.sampling.reference import process_logits
 from minedraft.sampling_params import SamplingParams
-from minedraft.workers import self_draft, verifier
-from minedraft.workers.model_runner import load_causal_lm
+from minedraft.drafting import load, self_draft
+from minedraft.workers import verifier
+from minedraft.runner.model_runner import load_causal_lm
 
 from sampling_law import chi2_critical, chi2_stat
 
@@ -64,7 +65,7 @@ def test_self_draft_is_smaller_and_keeps_float32_positions(bundled_pair, scheme)
     target, _ = bundled_pair
     full = load_causal_lm(target)
     fb = self_draft.weight_bytes(full)
-    r = self_draft.load_draft(f"self:{scheme}", target, 1024)
+    r = load.load_draft(f"self:{scheme}", target, 1024)
     assert r.draft_info["scheme"] == f"self:{scheme}"
     assert r.draft_info["weight_bytes"] < (0.35 if scheme == "int4" else 0.55) * fb
     assert all(b.dtype == torch.float32 for b in r.model.model.rotary_emb.buffers())

@@ -1,4 +1,4 @@
-"""spec/controls.py: penalties, logit bias and a grammar mask applied per position under speculation.
+"""controls/logits.py: penalties, logit bias and a grammar mask applied per position under speculation.
 
 The processing is checked against a plain reference written here from the definitions; drafts leave no trace
 (push/pop, matcher rollback); and the law of speculative sampling with a history-dependent control is the law of
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from minedraft.sampling_params import SamplingParams
-from minedraft.spec import controls
-from minedraft.spec.batch_sampling import RowParams, process_batch, sample_draft_step, verify_batch
-from minedraft.spec.controls import RowControl, process_positions, process_rows
+from minedraft.controls import logits as controls
+from minedraft.sampling.batch_sampling import RowParams, process_batch, sample_draft_step, verify_batch
+from minedraft.controls.logits import RowControl, process_positions, process_rows
 from sampling_law import DRAFT_LOGITS, TARGET_LOGITS, V, chi2_critical
 
 PROMPT = [4, 1]

@@ -8,7 +8,7 @@ import torch
 
 from minedraft.engine.local_engine import LocalEngine
 from minedraft.sampling_params import SamplingParams
-from minedraft.workers.model_runner import layer_windows
+from minedraft.runner.model_runner import layer_windows
 
 WINDOW = 8
 PROMPTS = [list(range(5, 25)), list(range(40, 46)), [7, 9, 11, 13, 200, 150, 3, 77, 81, 90, 12, 14]]

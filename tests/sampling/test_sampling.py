@@ -1,4 +1,4 @@
-"""minedraft.spec.sampling: logit processing, greedy verification, and the losslessness of speculative sampling.
+"""minedraft.sampling.reference: logit processing, greedy verification, and the losslessness of speculative sampling.
 
 The statistical tests run `accept()` many times on fixed synthetic logits with drafts drawn from q and check
 with a chi-square test that what comes out follows the (processed) target distribution p. The same statistic
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minedraft.spec.sampling import accept, make_generator, process_logits, sample_draft
+from minedraft.sampling.reference import accept, make_generator, process_logits, sample_draft
 from minedraft.sampling_params import SamplingParams
 from sampling_law import (SAMPLED, TARGET_LOGITS, V, always_accept, chi2_critical, chi2_sf, chi2_stat, emitted_counts,
                           wrong_residual_accept)

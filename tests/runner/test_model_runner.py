@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from minedraft.workers.model_runner import pad_three_rows
+from minedraft.runner.model_runner import pad_three_rows
 
 
 def test_three_token_rows_run_as_four_and_give_the_same_values(monkeypatch):

@@ -11,7 +11,7 @@ Three kinds of rows share a batch:
   dynamic k), and in every mode, autoregressive included. The price is a lower acceptance than rejection
   sampling when p and q differ (the coupling of "drafter-invariant" speculative decoding).
 
-Random numbers come from minedraft.spec.rng (a hash of seed, stream, position, draw), never from a generator's
+Random numbers come from minedraft.sampling.rng (a hash of seed, stream, position, draw), never from a generator's
 state, so no row's numbers depend on another row's.
 """
 

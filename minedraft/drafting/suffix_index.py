@@ -39,34 +39,10 @@ from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..config import SuffixConfig
+
 _KEYS = (8, 4, 2, 1)  # window lengths indexed, longest first: a match of length L is found through the longest <= L
 _SEP = -1              # stands between texts in the global array: never matches, ends every continuation
-
-
-@dataclass(frozen=True)
-class SuffixConfig:
-    max_depth: int = 32
-    spec_factor: float = 2.0
-    spec_offset: float = 0.0
-    min_prob: float = 0.3
-    max_candidates: int = 64
-    match_prior: float = 1.5        # a token that makes the match m long counts as right with m / (m + this)
-    global_tokens: int = 65536      # budget of the global index (tokens held; oldest texts evicted first)
-    global_prompts: bool = False    # also put finished requests' prompts in the global index
-
-    def __post_init__(self):
-        if not (isinstance(self.max_depth, int) and self.max_depth >= 1):
-            raise ValueError(f"max_depth must be an int >= 1, got {self.max_depth!r}")
-        if not (self.spec_factor > 0 and self.spec_offset >= 0):
-            raise ValueError("spec_factor must be > 0 and spec_offset >= 0")
-        if not 0 <= self.min_prob <= 1:
-            raise ValueError(f"min_prob must be in [0, 1], got {self.min_prob!r}")
-        if not self.match_prior >= 0:
-            raise ValueError(f"match_prior must be >= 0, got {self.match_prior!r}")
-        if not (isinstance(self.max_candidates, int) and self.max_candidates >= 1):
-            raise ValueError(f"max_candidates must be an int >= 1, got {self.max_candidates!r}")
-        if not (isinstance(self.global_tokens, int) and self.global_tokens >= 0):
-            raise ValueError(f"global_tokens must be an int >= 0, got {self.global_tokens!r}")
 
 
 @dataclass

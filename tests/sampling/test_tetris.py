@@ -12,11 +12,11 @@ import random
 import pytest
 import torch
 
-from minedraft.spec import tetris
-from minedraft.spec.batch_sampling import RowParams, sample_draft_step, verify_batch
+from minedraft.sampling import tetris
+from minedraft.sampling.batch_sampling import RowParams, sample_draft_step, verify_batch
 from minedraft.engine.engine import Engine
 from minedraft.engine.local_engine import LocalEngine
-from minedraft.spec.sampling import process_logits
+from minedraft.sampling.reference import process_logits
 from minedraft.sampling_params import SamplingParams
 from conftest import engine_config
 from sampling_law import DRAFT_LOGITS, TARGET_LOGITS, V, chi2_critical, chi2_stat

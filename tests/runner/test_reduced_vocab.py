@@ -14,9 +14,9 @@ import torch
 
 from minedraft.config import EngineConfig
 from minedraft.engine.local_engine import LocalEngine
-from minedraft.spec.sampling import accept, process_logits
+from minedraft.sampling.reference import accept, process_logits
 from minedraft.sampling_params import SamplingParams
-from minedraft.workers.model_runner import ModelRunner
+from minedraft.runner.model_runner import ModelRunner
 
 from sampling_law import chi2_critical, chi2_stat, wrong_residual_accept
 

@@ -28,7 +28,7 @@ from ..ipc.messages import TPRank, WorkerSpec
 from .drafter_process import DrafterProcess
 from .process import _Worker
 from .verifier_process import VerifierProcess
-from .tensor_parallel import Shard, load_sharded
+from ..runner.tensor_parallel import Shard, load_sharded
 
 ALLOC, FREE, TRUNC, FORWARD, STOP = 1, 2, 3, 4, 5
 HEADER = 512       # int64s in the first broadcast (4 KB): a decode step at B=32, k=4 needs 323, so one suffices
@@ -174,7 +174,7 @@ def _init_group(spec: WorkerSpec) -> tuple[Shard, object]:
 
 
 def _load_shard(spec: WorkerSpec, path: str, shard: Shard):
-    from .model_runner import DTYPES, ModelRunner, load_vocab_map
+    from ..runner.model_runner import DTYPES, ModelRunner, load_vocab_map
     model = load_sharded(path, shard, spec.device, DTYPES[spec.dtype])
     return ModelRunner(model, spec.kv_cache_tokens, spec.block_size, load_vocab_map(path))
 

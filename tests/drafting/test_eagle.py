@@ -22,10 +22,10 @@ from minedraft.config import EngineConfig
 from minedraft.engine.engine import Engine
 from minedraft.engine.local_engine import LocalEngine
 from minedraft.models.check import ModelDirError, check_pair
-from minedraft.spec.sampling import process_logits
+from minedraft.sampling.reference import process_logits
 from minedraft.sampling_params import SamplingParams
-from minedraft.workers import drafter as drafter_mod
-from minedraft.workers.model_runner import FEATURE_FILE, ModelRunner
+from minedraft.drafting import drafter as drafter_mod
+from minedraft.runner.model_runner import FEATURE_FILE, ModelRunner
 
 from conftest import MODELS_DIR
 from sampling_law import chi2_critical, chi2_stat

@@ -1,5 +1,5 @@
 """Lossless speculative sampling, one request at a time: the reference the engine's batched sampler
-(minedraft/spec/batch_sampling.py) is tested and benchmarked against, and the logit processing both share.
+(minedraft/sampling/batch_sampling.py) is tested and benchmarked against, and the logit processing both share.
 
 Draft and target distributions go through the *same* processing (temperature, then top-k, then top-p) before
 they are compared, so the accepted output follows the processed target distribution exactly.

@@ -1,14 +1,14 @@
-"""minedraft.spec.batch_sampling and minedraft.spec.rng: the batched sampler against the per-row reference
-(minedraft.spec.sampling), in value (greedy, logit processing) and in law (chi-square, as in test_sampling)."""
+"""minedraft.sampling.batch_sampling and minedraft.sampling.rng: the batched sampler against the per-row reference
+(minedraft.sampling.reference), in value (greedy, logit processing) and in law (chi-square, as in test_sampling)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from minedraft.spec import rng
-from minedraft.spec.batch_sampling import RowParams, categorical, process_batch, sample_draft_step, verify_batch
-from minedraft.spec.sampling import accept, process_logits
+from minedraft.sampling import rng
+from minedraft.sampling.batch_sampling import RowParams, categorical, process_batch, sample_draft_step, verify_batch
+from minedraft.sampling.reference import accept, process_logits
 from minedraft.sampling_params import SamplingParams
 from sampling_law import DRAFT_LOGITS, SAMPLED, TARGET_LOGITS, V, chi2_critical, chi2_stat
 

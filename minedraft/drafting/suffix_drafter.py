@@ -1,12 +1,12 @@
 """Drafts from the text itself (draft="suffix"), alone or with a draft model (draft="suffix+<model>").
 
 `SuffixDrafter` has the Drafter's interface (add, remove, draft, apply) so the drafter process and LocalEngine
-drive either the same way. Its drafts come from minedraft.spec.suffix: deterministic proposals, sent without
+drive either the same way. Its drafts come from minedraft.drafting.suffix_index: deterministic proposals, sent without
 probabilities (q None: one-hot on the proposed token, which batch_sampling.verify_batch treats exactly), a row
 with no match drafting nothing (the verifier takes ragged rows). No draft model is loaded for "suffix".
 
 Hybrid: each step, rows whose suffix proposal scores at least `threshold` (the expected number of its tokens the
-target accepts, spec/suffix.py) take it; the others get the model's draft, drafted for them alone. When some
+target accepts, drafting/suffix_index.py) take it; the others get the model's draft, drafted for them alone. When some
 row is sampled and the model drafted, q holds the model's probabilities for its rows and a one-hot for each
 suffix row. `sources` names, after each draft, where each row's draft came from ("suffix", "model" or "").
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..spec.suffix import SuffixConfig, SuffixIndex
+from .suffix_index import SuffixConfig, SuffixIndex
 from ..ipc.messages import NewRequest
 
 
@@ -83,7 +83,7 @@ class SuffixDrafter:
 
 def make_drafter(runner, max_k: int, suffix: dict | None, threshold: float = 1.0, controls=None):
     """The drafter for a configuration: a model Drafter (runner only), a SuffixDrafter (suffix options only) or
-    the hybrid (both); None when there is neither (no drafting). `controls` (spec/controls.py) apply the
+    the hybrid (both); None when there is neither (no drafting). `controls` (controls/logits.py) apply the
     requests' output controls to the model's drafts; a suffix draft needs none: its q is one-hot, so the
     verifier's controlled target law alone decides it."""
     from .drafter import Drafter
