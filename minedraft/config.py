@@ -60,6 +60,29 @@ def self_scheme(model: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class DraftBudget:
+    """A step's draft budget, one rule for the drafter process and the in-process baselines: the configured
+    per-row k (the cap dynamic speculation moves under; 0: no drafting) and Tetris' extra drafts and capacity."""
+    k: int
+    tetris: bool = False
+    extra: int = 0                  # Tetris: drafts per row beyond k to choose from
+    capacity: int | None = None     # Tetris: drafts verified per step at the configured k (None: k x rows)
+
+    @property
+    def max_draft(self) -> int:
+        """The most drafts a row carries in one step: what KV reservations and draft slots are sized for."""
+        return self.k + self.extra if self.tetris else self.k
+
+    def at(self, k: int, rows: int) -> tuple[int, int | None]:
+        """(drafts per row, Tetris capacity or None) for a step of `rows` rows at per-row budget k (<= self.k):
+        Tetris drafts k + extra per row and keeps the capacity best, by default k x rows; a configured capacity
+        scales with k / the configured k. k = 0 drafts nothing."""
+        if k == 0 or not self.tetris:
+            return k, None
+        return k + self.extra, (k * rows if self.capacity is None else max(1, round(self.capacity * k / self.k)))
+
+
+@dataclass(frozen=True)
 class SuffixConfig:
     """The suffix index's knobs (drafting/suffix_index.py), checked with the engine's settings."""
     max_depth: int = 32
@@ -239,12 +262,19 @@ class EngineConfig:
         return "autoregressive" if self.mode == "minedraft" and self.draft_model is None else self.mode
 
     @property
+    def draft_k(self) -> int:
+        """The configured draft budget per row: k, or 0 in autoregressive mode (the target alone ignores k)."""
+        return self.k if self.speculative else 0
+
+    @property
+    def budget(self) -> DraftBudget:
+        return DraftBudget(self.draft_k, bool(self.tetris and self.draft_k), self.tetris_extra, self.tetris_capacity)
+
+    @property
     def max_draft(self) -> int:
         """The most drafts one row can carry in a step (k, plus tetris_extra in Tetris mode; 0 without a draft):
         what KV reservations and draft slots are sized for."""
-        if not self.speculative:
-            return 0
-        return self.k + self.tetris_extra if self.tetris else self.k
+        return self.budget.max_draft
 
     def to_dict(self) -> dict:
         return asdict(self)

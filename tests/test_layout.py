@@ -8,9 +8,13 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "minedraft"
 
-# lowest first; a unit may import itself and any unit below it. The top-level basics are one unit
+# lowest first; a unit (a top-level folder, or a top-level module) may import itself and any unit below it. One
+# module is a unit of its own: engine/pipeline.py, the two-batch rhythm that the drafter process runs and the
+# engine's baselines drive; it imports only the basics, so it sits below the workers although its folder is above
+PIPELINE = "engine.pipeline"
 LAYERS = [
     {"errors", "cores", "config", "outputs", "grammar_check", "sampling_params"},  # shared basics
+    {PIPELINE},    # the two-batch rhythm, I/O-free
     {"ipc"},       # the typed messages and tensor slots between processes
     {"sampling"},  # speculative-sampling maths
     {"controls"},  # output controls and grammars on logits
@@ -60,6 +64,8 @@ def imports_of(name: str, path: Path, known) -> set[str]:
 
 def unit(mod: str) -> str:
     parts = mod.split(".")
+    if ".".join(parts[1:3]) == PIPELINE:
+        return PIPELINE
     return parts[1] if len(parts) > 1 else "__init__"
 
 
@@ -107,3 +113,12 @@ def test_top_level_is_small_and_modules_short():
     assert len(top) <= 12, sorted(p.name for p in top)
     long = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450}
     assert not long, long
+
+
+def test_the_pipeline_core_does_no_io():
+    """engine/pipeline.py imports no sockets, processes, shared memory or torch (at any depth of the file)."""
+    tree = ast.parse((PKG / "engine" / "pipeline.py").read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not {m for m in names if m.split(".")[0] in ("zmq", "multiprocessing", "torch", "socket", "asyncio")}
+    assert len((PKG / "engine" / "pipeline.py").read_text().splitlines()) < 400

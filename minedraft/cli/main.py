@@ -340,7 +340,7 @@ def cmd_generate(a) -> int:
         shown = f"first text {first:.1f} s after launch, " if first is not None else ""
         print(f"[{PROG}] {st.output_tokens} tokens in {st.latency_s:.2f} s ({tps:.1f} tokens/s), {acc}"
               f"{shown}engine start {t_start:.1f} s, ttft once started {1000 * st.ttft_s:.0f} ms, finish "
-              f"{final.finish_reason}; mode {cfg.mode}, k {cfg.k if cfg.speculative else 0}{extras}",
+              f"{final.finish_reason}; mode {cfg.mode}, k {cfg.draft_k}{extras}",
               file=sys.stderr)
     return 0
 

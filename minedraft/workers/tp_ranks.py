@@ -175,8 +175,8 @@ def _init_group(spec: WorkerSpec) -> tuple[Shard, object]:
 
 def _load_shard(spec: WorkerSpec, path: str, shard: Shard):
     from ..runner.model_runner import DTYPES, ModelRunner, load_vocab_map
-    model = load_sharded(path, shard, spec.device, DTYPES[spec.dtype])
-    return ModelRunner(model, spec.kv_cache_tokens, spec.block_size, load_vocab_map(path))
+    model = load_sharded(path, shard, spec.device, DTYPES[spec.cfg.dtype])
+    return ModelRunner(model, spec.cfg.kv_cache_tokens, spec.cfg.block_size, load_vocab_map(path))
 
 
 class _Leader:
@@ -206,7 +206,7 @@ class TPDrafterProcess(_Leader, DrafterProcess):
 class FollowerProcess(_Worker):
     def setup(self):
         shard, self.group = _init_group(self.spec)
-        self.runner = _load_shard(self.spec, getattr(self.spec, self.spec.tp.model), shard)
+        self.runner = _load_shard(self.spec, getattr(self.spec.cfg, self.spec.tp.model), shard)
         dist.barrier(group=self.group)
 
     def loop(self):

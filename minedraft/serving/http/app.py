@@ -274,7 +274,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
         st = engine.step_stats
         ivs = st.recent(TIMELINE_WINDOW_S, now) if st else []
         return JSONResponse({"window_s": TIMELINE_WINDOW_S, "mode": engine.config.mode, "model": served,
-                             "k": engine.config.k if engine.config.speculative else 0,
+                             "k": engine.config.draft_k,
                              "intervals": [[lane, b, t0 - now, t1 - now] for lane, b, t0, t1 in ivs]})
 
     async def index(request: Request):
