@@ -82,7 +82,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _lazy(name: str):
-    """A subcommand defined in cli_serve.py, imported when it runs."""
+    """A subcommand defined in cli/serve.py, imported when it runs."""
     def run(a) -> int:
         from . import serve as cli_serve
         return getattr(cli_serve, name)(a)

@@ -8,7 +8,7 @@ Why confidences, not the drafted tokens' own probabilities: the decision to keep
 draft j itself. A sampled draft kept *because* it came out likely is no longer distributed as q, and
 rejection sampling against q would then be biased. Confidence j depends only on the context of draft j
 (the earlier drafts), and scores never grow along a row, so whether draft j is kept depends on earlier
-drafts and on other rows only, and the output law stays exactly the target's (tests/spec/test_tetris.py shows
+drafts and on other rows only, and the output law stays exactly the target's (tests/sampling/test_tetris.py shows
 the chi-square test rejecting the variant that ranks on the drawn tokens' probabilities). For a greedy
 row the two coincide: its draft is the argmax.
 

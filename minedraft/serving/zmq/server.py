@@ -1,8 +1,8 @@
 """The network front end: a ZeroMQ ROUTER speaking the msgpack protocol of docs/PROTOCOL.md.
 
 It runs on the same asyncio loop as the Engine (zmq.asyncio). This module is the transport: the socket, framing,
-limits, and which clients are connected (server_peers.py); the requests themselves, one task each that awaits the
-engine and sends its replies, live in server_requests.py. Nothing a client sends can crash the loop or touch
+limits, and which clients are connected (serving/zmq/peers.py); the requests themselves, one task each that awaits the
+engine and sends its replies, live in serving/zmq/requests.py. Nothing a client sends can crash the loop or touch
 another client's requests; request ids are scoped per ROUTER identity (each DEALER connection).
 
     async with Engine(cfg) as engine, Server(engine, "tcp://127.0.0.1:5555") as server:
@@ -137,7 +137,7 @@ class Server:
                 s.curve_secretkey = self._secret
                 s.curve_publickey = self._public
                 s.curve_server = True
-            # connection events, watched from before the bind so none is missed (server_peers.py)
+            # connection events, watched from before the bind so none is missed (serving/zmq/peers.py)
             self._mon = s.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             self._mon_now = zmq.Socket.shadow(self._mon.underlying)
             s.bind(self.bind_endpoint)
