@@ -144,7 +144,7 @@ class EngineConfig:
     target_tp: int = 1               # tensor-parallel ranks of the verifier (one GPU or share of target_cores each)
     draft_tp: int = 1                # same for the drafter
     tp_timeout_s: float = 30.0       # a collective that waits longer than this fails the engine
-    # draft="suffix" / "suffix+<model>": the suffix index's knobs (drafting/suffix_index.py SuffixConfig fields) and, for the
+    # draft="suffix" / "suffix+<model>": the suffix index's knobs (SuffixConfig's fields) and, for the
     # hybrid, the proposal score (expected accepted tokens) from which a row takes the suffix draft
     suffix_options: dict | None = None
     hybrid_threshold: float = 1.0

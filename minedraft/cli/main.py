@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig, default_k
+from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, DraftBudget, EngineConfig, default_k
 from ..serving.zmq.protocol import DEFAULT_MAX_QUEUED_REPLIES  # one constant for the cli and the server
 from .common import (PROG, _cores, _default, _engine_kw, _fail,
                      _Formatter, _name_options, _positive_float, _positive_int, _quiet_libraries, _run_async)
@@ -266,7 +266,7 @@ def _generate_config(a) -> EngineConfig:
         raise ValueError(f"--k must be in 1..16, got {a.k}")
     block = _default("block_size")
     k = kw["k"] if kw["k"] is not None else default_k(kw["draft"])
-    need = a.max_prompt_tokens + a.max_tokens + k + (a.tetris_extra if a.tetris else 0) + 1
+    need = a.max_prompt_tokens + a.max_tokens + DraftBudget(k, bool(a.tetris), a.tetris_extra).max_draft + 1
     kw.update(max_tokens_limit=a.max_tokens, max_batch_size=1, max_queue=1,
               kv_cache_tokens=-(-need // block) * block)
     return EngineConfig(**kw)

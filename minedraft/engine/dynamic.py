@@ -7,8 +7,8 @@ drafting at all when k = 0), the verifier T_v(k). In the two-batch pipeline a st
 in sequential SD their sum. We pick the k with the best G(k) / step time.
 
 In minedraft mode with merging (`merge_zero`), k = 0 is not a pipeline step: the two half batches merge into
-one and the verifier borrows the drafter's cores (workers/plain_steps.py), so a k = 0 step carries
-every running row while a k > 0 step carries half of them.
+one (engine/pipeline.py) and the verifier borrows the drafter's cores (workers/plain_steps.py), so a k = 0 step
+carries every running row while a k > 0 step carries half of them.
 
 The model is only the prior. Once a budget has run a few steps at the current load, its measured goodput
 (output tokens of the step over the wall time since the previous verdict) is what the choice compares: the
@@ -30,15 +30,15 @@ after a switch pay for the merge or split and for waking the borrowed cores' thr
 (`k_start=0`), it begins every new load at k = 0 and runs no probe there until k = 0's goodput is measured.
 
 Coming back from k = 0 costs a catch-up: the drafter skipped those steps and must first run every token it
-missed (prompts admitted meanwhile, outputs of the plain steps), measured 2.4 s per half batch at 32 rows of
-the real pair's int4 self-draft, 20 plain steps' worth. That cost is measured at each resume (`observe_resume`),
+missed (prompts admitted meanwhile, outputs of the plain steps): with a large batch and a slow draft, tens of
+plain steps' worth (docs/ARCHITECTURE.md "Ragged drafts"). That cost is measured at each resume (`observe_resume`),
 and a probe away from plain decoding at a load waits until its last measured catch-up is at most
 `resume_share` (5%) of the plain-decoding time since that load's previous probe.
 
 A drafting budget is chosen over plain decoding only when its rate is `zero_margin` (10%) higher. Speculation
 costs what no single step's goodput shows: rows accept different numbers of drafts, so a batch that started
-together finishes apart and its last steps run with few rows (bundled pair, 16 requests x 64 tokens: k = 1 matched
-plain decoding step for step, 556 vs 559 tok/s, and lost 5-10% over the run, in the tail); each switch also pays a
+together finishes apart and its last steps run with few rows (docs/BENCHMARKS.md "The zero margin and per-load
+probe schedules": a k = 1 that tied plain decoding step for step lost over whole runs); each switch also pays a
 split and a merge.
 """
 

@@ -47,7 +47,7 @@ class Pipeline:
     def __init__(self, budget: DraftBudget, two_batches: bool = True, merge_on_zero: bool = False):
         self.budget = budget
         self.two = two_batches              # False: sequential SD / target alone, everything in batch 0
-        self.merge = merge_on_zero and two_batches  # k = 0 runs one merged batch (workers/plain_steps.py)
+        self.merge = merge_on_zero and two_batches  # k = 0 runs one merged batch (_rebalance)
         self.k = budget.k
         self.batches: tuple[list[int], list[int]] = ([], [])
         self.state = [IDLE, IDLE]
