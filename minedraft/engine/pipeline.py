@@ -44,6 +44,8 @@ class Step:
 
 
 class Pipeline:
+    """The drafter's side of the two-batch rhythm (module docstring): feed it events, build what it returns."""
+
     def __init__(self, budget: DraftBudget, two_batches: bool = True, merge_on_zero: bool = False):
         self.budget = budget
         self.two = two_batches              # False: sequential SD / target alone, everything in batch 0
