@@ -63,6 +63,7 @@ class LocalEngine:
             states.append(RequestState(str(rid), make_request(rid, prompt, p, self.tokenizer, self.config,
                                                               self.target.vocab_size), self.tokenizer))
         waiting, running = deque(states), {}
+        self.pipe = Pipeline(self.config.budget, two_batches=False)  # each run on its own: no row of an earlier one
         for s in states:
             if not self.admission.fits_ever(s.req):
                 raise InvalidRequestError(f"request needs {s.req.cache_tokens(self.max_draft)} cache positions, "
@@ -76,16 +77,15 @@ class LocalEngine:
 
     def _admit(self, waiting, running) -> None:
         for s in self.admission.admit_from(waiting, self.config.max_batch_size - len(running)):
+            self.verifier.add(s.req)  # both at once: nothing else is in flight (the step's adds are these)
+            if self.drafter:
+                self.drafter.add(s.req)
             self.pipe.add(s.req)
             running[s.req.rid] = s
 
     def step(self, running: dict) -> None:
         """One step of every running row: the pipeline's batch 0 is all of them (nothing else is in flight)."""
         st = self.pipe.next_step()
-        for req in st.adds:
-            self.verifier.add(req)
-            if self.drafter:
-                self.drafter.add(req)
         if self.drafter and st.per_row:
             drafts, q = self.drafter.draft(st.rids, st.per_row, st.capacity)
         else:
