@@ -14,7 +14,7 @@ DEFAULT_TARGET = str(MODELS_DIR / "tiny-target")
 DEFAULT_DRAFT = str(MODELS_DIR / "tiny-draft")
 MODES = ("minedraft", "sequential", "autoregressive")
 SELF_PREFIX = "self:"
-SELF_SCHEMES = ("int4", "bf16")  # self-drafts: the target's own weights, converted (workers/self_draft.py)
+SELF_SCHEMES = ("int4", "bf16")  # self-drafts: the target's own weights, converted (drafting/self_draft.py)
 SUFFIX = "suffix"
 _DRAFT_FORMS = ("a model directory, " + ", ".join(SELF_PREFIX + s for s in SELF_SCHEMES) + ", 'suffix' or "
                 "'suffix+<model directory or self-draft>'")
@@ -59,6 +59,56 @@ def self_scheme(model: str) -> str | None:
     return scheme
 
 
+@dataclass(frozen=True)
+class DraftBudget:
+    """A step's draft budget, one rule for the drafter process and the in-process baselines: the configured
+    per-row k (the cap dynamic speculation moves under; 0: no drafting) and Tetris' extra drafts and capacity."""
+    k: int
+    tetris: bool = False
+    extra: int = 0                  # Tetris: drafts per row beyond k to choose from
+    capacity: int | None = None     # Tetris: drafts verified per step at the configured k (None: k x rows)
+
+    @property
+    def max_draft(self) -> int:
+        """The most drafts a row carries in one step: what KV reservations and draft slots are sized for."""
+        return self.k + self.extra if self.tetris else self.k
+
+    def at(self, k: int, rows: int) -> tuple[int, int | None]:
+        """(drafts per row, Tetris capacity or None) for a step of `rows` rows at per-row budget k (<= self.k):
+        Tetris drafts k + extra per row and keeps the capacity best, by default k x rows; a configured capacity
+        scales with k / the configured k. k = 0 drafts nothing."""
+        if k == 0 or not self.tetris:
+            return k, None
+        return k + self.extra, (k * rows if self.capacity is None else max(1, round(self.capacity * k / self.k)))
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """The suffix index's knobs (drafting/suffix_index.py), checked with the engine's settings."""
+    max_depth: int = 32
+    spec_factor: float = 2.0
+    spec_offset: float = 0.0
+    min_prob: float = 0.3
+    max_candidates: int = 64
+    match_prior: float = 1.5        # a token that makes the match m long counts as right with m / (m + this)
+    global_tokens: int = 65536      # budget of the global index (tokens held; oldest texts evicted first)
+    global_prompts: bool = False    # also put finished requests' prompts in the global index
+
+    def __post_init__(self):
+        if not (isinstance(self.max_depth, int) and self.max_depth >= 1):
+            raise ValueError(f"max_depth must be an int >= 1, got {self.max_depth!r}")
+        if not (self.spec_factor > 0 and self.spec_offset >= 0):
+            raise ValueError("spec_factor must be > 0 and spec_offset >= 0")
+        if not 0 <= self.min_prob <= 1:
+            raise ValueError(f"min_prob must be in [0, 1], got {self.min_prob!r}")
+        if not self.match_prior >= 0:
+            raise ValueError(f"match_prior must be >= 0, got {self.match_prior!r}")
+        if not (isinstance(self.max_candidates, int) and self.max_candidates >= 1):
+            raise ValueError(f"max_candidates must be an int >= 1, got {self.max_candidates!r}")
+        if not (isinstance(self.global_tokens, int) and self.global_tokens >= 0):
+            raise ValueError(f"global_tokens must be an int >= 0, got {self.global_tokens!r}")
+
+
 @dataclass
 class EngineConfig:
     target: str = DEFAULT_TARGET
@@ -94,7 +144,7 @@ class EngineConfig:
     target_tp: int = 1               # tensor-parallel ranks of the verifier (one GPU or share of target_cores each)
     draft_tp: int = 1                # same for the drafter
     tp_timeout_s: float = 30.0       # a collective that waits longer than this fails the engine
-    # draft="suffix" / "suffix+<model>": the suffix index's knobs (spec/suffix.py SuffixConfig fields) and, for the
+    # draft="suffix" / "suffix+<model>": the suffix index's knobs (SuffixConfig's fields) and, for the
     # hybrid, the proposal score (expected accepted tokens) from which a row takes the suffix draft
     suffix_options: dict | None = None
     hybrid_threshold: float = 1.0
@@ -172,7 +222,6 @@ class EngineConfig:
         if scheme is not None and self.draft_tp > 1:
             bad(f"draft={self.draft!r} runs on one drafter rank; set draft_tp=1 (the target may still use target_tp)")
         if self.suffix_drafts:
-            from .spec.suffix import SuffixConfig
             try:
                 SuffixConfig(**(self.suffix_options or {}))
             except (TypeError, ValueError) as e:
@@ -213,12 +262,19 @@ class EngineConfig:
         return "autoregressive" if self.mode == "minedraft" and self.draft_model is None else self.mode
 
     @property
+    def draft_k(self) -> int:
+        """The configured draft budget per row: k, or 0 in autoregressive mode (the target alone ignores k)."""
+        return self.k if self.speculative else 0
+
+    @property
+    def budget(self) -> DraftBudget:
+        return DraftBudget(self.draft_k, bool(self.tetris and self.draft_k), self.tetris_extra, self.tetris_capacity)
+
+    @property
     def max_draft(self) -> int:
         """The most drafts one row can carry in a step (k, plus tetris_extra in Tetris mode; 0 without a draft):
         what KV reservations and draft slots are sized for."""
-        if not self.speculative:
-            return 0
-        return self.k + self.tetris_extra if self.tetris else self.k
+        return self.budget.max_draft
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -40,7 +40,7 @@ class GenerationResult:
     finish_reason: str          # "stop" | "length" | "abort"
     stats: RequestStats = field(default_factory=RequestStats)
     # with SamplingParams(logprobs=N): per token of token_ids [logprob, [[id, logprob], ...N most likely]] under the
-    # target's raw distribution (spec/logprobs.py)
+    # target's raw distribution (sampling/logprobs.py)
     logprobs: list | None = None
 
     def to_dict(self) -> dict:

@@ -18,7 +18,7 @@ INT_LIMIT = 2**31  # ints travel to the workers as msgpack; nothing real comes n
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 128
 MAX_LOGPROBS = 20   # OpenAI's top_logprobs limit
-# output controls (minedraft/spec/controls.py, grammar.py): left out of to_dict at these values, so the wire form
+# output controls (minedraft/controls/logits.py, grammar.py): left out of to_dict at these values, so the wire form
 # of a request that uses none of them is what it was before they existed
 CONTROL_DEFAULTS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": (),
                     "logprobs": None, "speculate": True, "draft_budget": None, "json_schema": None, "regex": None,
@@ -37,7 +37,7 @@ class SamplingParams:
     for a stop string, token_ids end with the token that completed it and text ends just before the string.
 
     Output controls, applied to the draft's and the target's logits alike at every position, from the history up
-    to it (drafts included), before temperature / top-k / top-p (spec/controls.py): repetition_penalty (> 0, 1 off;
+    to it (drafts included), before temperature / top-k / top-p (controls/logits.py): repetition_penalty (> 0, 1 off;
     prompt and output tokens), frequency_penalty and presence_penalty (in [-2, 2]; output tokens), logit_bias
     ({token id: bias in [-100, 100]}, stored as sorted (id, bias) pairs), then a grammar mask: json_schema (a
     JSON Schema as a dict or JSON text; {"type": "object"} is OpenAI's json_object), regex, or grammar (Lark), at
@@ -164,7 +164,7 @@ class SamplingParams:
                 bad(given[0], f"{given[0]} must be a str, got {type(getattr(self, given[0])).__name__}")
             if self.ignore_eos:
                 bad("ignore_eos", "ignore_eos cannot be combined with structured output (the grammar ends on eos)")
-            from .spec.grammar import check  # imports the grammar engine only for a request that has a grammar
+            from .grammar_check import check  # imports the grammar engine only for a request that has a grammar
             check(given[0], getattr(self, given[0]))
 
     @property
@@ -174,7 +174,7 @@ class SamplingParams:
 
     @property
     def has_controls(self) -> bool:
-        """Whether its logits need processing beyond temperature / top-k / top-p (spec/controls.py)."""
+        """Whether its logits need processing beyond temperature / top-k / top-p (controls/logits.py)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
                     or self.logit_bias or self.structured)
 

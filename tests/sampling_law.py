@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from minedraft.spec.sampling import process_logits
+from minedraft.sampling.reference import process_logits
 from minedraft.sampling_params import SamplingParams
 
 ALPHA = 1e-3

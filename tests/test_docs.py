@@ -53,3 +53,69 @@ def test_docs_cite_scripts_that_exist():
             if commands and m.group(2) and m.group(2) not in re.findall(r'"([\w-]+)":', commands.group(1)):
                 bad.append(f"{doc.name}: {m.group(0)}")
     assert bad == []
+
+
+# a file path (minedraft/x/y.py, or the short form x/y.py inside the package), a dotted module name, a bare name
+PATH = re.compile(r"(?<![\w/.-])((?:[\w-]+/)+\w+\.py)\b")
+DOTTED = re.compile(r"(?<![\w./'\"])minedraft((?:\.\w+)+)")  # not in quotes: logger and file names
+BARE = re.compile(r"(?<![\w/.-])(\w+\.py)\b")
+
+
+def _prose_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "minedraft" / "models" / "README.md",
+            *sorted((ROOT / "minedraft").rglob("*.py")), *sorted((ROOT / "scripts").rglob("*.py"))]
+
+
+def _without_rename_tables(text: str) -> str:
+    """A table whose header says "former" maps old names to new ones: the old names are its point."""
+    out, skipping = [], False
+    for line in text.splitlines():
+        skipping = line.startswith("|") and (skipping or "former" in line.lower())
+        if not skipping:
+            out.append(line)
+    return "\n".join(out)
+
+
+def stale_references(text: str, bare: bool = True) -> list[str]:
+    """Module paths, dotted module names and (with bare) bare file names in text that name no file of this
+    checkout."""
+    pkg = ROOT / "minedraft"
+    text = _without_rename_tables(text)
+    names = {p.name for d in ("minedraft", "scripts", "tests", "clients") for p in (ROOT / d).rglob("*.py")}
+    bad = [m.group(1) for m in PATH.finditer(text)
+           if not ((ROOT / m.group(1)).is_file() or (pkg / m.group(1)).is_file())]
+    bad += [m.group(1) for m in BARE.finditer(text) if bare and m.group(1) not in names]
+    for m in DOTTED.finditer(text):
+        where = pkg
+        for part in m.group(1).strip(".").split("."):
+            if part.startswith("__"):
+                break
+            if (where / part / "__init__.py").is_file():
+                where = where / part
+                continue
+            if (where / f"{part}.py").is_file():
+                break
+            # else a name in the package reached so far (a class, a function, a re-export)
+            if not re.search(rf"\b{re.escape(part)}\b", (where / "__init__.py").read_text()):
+                bad.append(m.group(0))
+            break
+    return bad
+
+
+def test_stale_module_paths_are_caught():
+    found = stale_references("see minedraft/engine/no_such_module.py and spec/suffix.py, minedraft.spec.rng, "
+                             "server_peers.py and minedraft.workers.tp_node")
+    assert sorted(found) == sorted(["minedraft/engine/no_such_module.py", "spec/suffix.py", "server_peers.py",
+                                    "minedraft.spec.rng", "minedraft.workers.tp_node"])
+    assert stale_references("engine/pipeline.py, minedraft/config.py, minedraft.engine.pipeline.Pipeline, "
+                            "scripts/bench/tetris.py, tests/conftest.py, conftest.py, minedraft.Engine") == []
+
+
+def test_docs_and_docstrings_name_no_stale_module():
+    """README, docs, the package and the scripts; the tests too, but for bare names (they write scripts of their
+    own, e.g. unguarded.py)."""
+    tests = [f for f in sorted((ROOT / "tests").rglob("*.py")) if f.name != "test_docs.py"]
+    bad = {str(f.relative_to(ROOT)): found for f, bare in [*((f, True) for f in _prose_files()),
+                                                            *((f, False) for f in tests)]
+           if (found := stale_references(f.read_text(), bare))}
+    assert bad == {}

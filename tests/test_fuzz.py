@@ -24,7 +24,7 @@ from minedraft.cache.paged_kv import BlockAllocator, PagedKVCache
 from minedraft.errors import InvalidRequestError, MinedraftError
 from minedraft.ipc import messages as M
 from minedraft.ipc.codec import decode_cmd, decode_drafts, decode_status, decode_to_drafter, encode
-from minedraft.spec.sampling import accept, process_logits
+from minedraft.sampling.reference import accept, process_logits
 from minedraft.sampling_params import SamplingParams
 
 try:
@@ -371,7 +371,7 @@ def test_decoders_never_crash_or_hang_on_garbage(tmp_path):
         req = M.NewRequest(1, [5, 6, 7], SamplingParams(temperature=0.7, stop=["x"]), 99)
         seeds = [codec.encode(M.Verdict(1, 0, [M.StepResult(3, [1, 2], 4, 2, None)], 0.5, 0.6, False, 0.1, 0.2,
                                         4, False)),
-                 codec.encode(M.Add(req, 0)),
+                 codec.encode(M.Add(req)),
                  codec.encode(M.Drafts(0, 1, [1], [req], [], M.DraftsDesc(0, 1, 4, 0), 0.1, 0.2, 4, False)),
                  msgpack.packb({"v": 1, "t": "generate", "id": "r1", "prompt": "hi", "params": {"top_k": 5}})]
         for i in range(20000):

@@ -130,7 +130,7 @@ def hf_assisted(target: str, draft: str, prompts, max_tokens: int, repeats: int,
     from ..config import self_scheme
     scheme = self_scheme(draft)
     if scheme is not None:  # the same self-draft the engine builds, as a transformers model
-        from ..workers.self_draft import convert
+        from ..drafting.self_draft import convert
         dm = convert(AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32, local_files_only=True)
                      .to(dev), scheme)
     else:

@@ -125,7 +125,7 @@ async def run_workload(engine, prompts, params, rate: float | None, seed: int = 
     }, [r.token_ids for r in results]
 
 
-# --control: the output controls a run's requests carry (spec/controls.py), to price them against free requests
+# --control: the output controls a run's requests carry (controls/logits.py), to price them against free requests
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
     "tags": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 3}},
@@ -359,7 +359,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.model:
-            from ..cli.models import resolve_model
+            from ..models.hub import resolve_model
             args.target, args.draft = resolve_model(args.model, args.draft)
         elif args.draft is None:
             args.draft = DEFAULT_DRAFT

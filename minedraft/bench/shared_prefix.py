@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.model:
-        from ..cli.models import resolve_model
+        from ..models.hub import resolve_model
         args.target, args.draft = resolve_model(args.model)
     try:
         lines = asyncio.run(_bench(args))

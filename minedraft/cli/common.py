@@ -76,7 +76,7 @@ def _engine_kw(a) -> dict:
     target, draft = (a.target, a.draft if a.draft is not None else DEFAULT_DRAFT)
     if a.model:
         from ..config import SUFFIX, parse_draft
-        from .models import resolve_model
+        from ..models.hub import resolve_model
         suffix, named = parse_draft(a.draft) if a.draft is not None else (False, None)
         if suffix:  # --draft suffix: no model; suffix+model (the pair's default draft) or suffix+DIR: the hybrid
             target, model = resolve_model(a.model, None if named in (None, "model") else named)

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig, default_k
+from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, DraftBudget, EngineConfig, default_k
 from ..serving.zmq.protocol import DEFAULT_MAX_QUEUED_REPLIES  # one constant for the cli and the server
 from .common import (PROG, _cores, _default, _engine_kw, _fail,
                      _Formatter, _name_options, _positive_float, _positive_int, _quiet_libraries, _run_async)
@@ -82,7 +82,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _lazy(name: str):
-    """A subcommand defined in cli_serve.py, imported when it runs."""
+    """A subcommand defined in cli/serve.py, imported when it runs."""
     def run(a) -> int:
         from . import serve as cli_serve
         return getattr(cli_serve, name)(a)
@@ -266,7 +266,7 @@ def _generate_config(a) -> EngineConfig:
         raise ValueError(f"--k must be in 1..16, got {a.k}")
     block = _default("block_size")
     k = kw["k"] if kw["k"] is not None else default_k(kw["draft"])
-    need = a.max_prompt_tokens + a.max_tokens + k + (a.tetris_extra if a.tetris else 0) + 1
+    need = a.max_prompt_tokens + a.max_tokens + DraftBudget(k, bool(a.tetris), a.tetris_extra).max_draft + 1
     kw.update(max_tokens_limit=a.max_tokens, max_batch_size=1, max_queue=1,
               kv_cache_tokens=-(-need // block) * block)
     return EngineConfig(**kw)
@@ -340,7 +340,7 @@ def cmd_generate(a) -> int:
         shown = f"first text {first:.1f} s after launch, " if first is not None else ""
         print(f"[{PROG}] {st.output_tokens} tokens in {st.latency_s:.2f} s ({tps:.1f} tokens/s), {acc}"
               f"{shown}engine start {t_start:.1f} s, ttft once started {1000 * st.ttft_s:.0f} ms, finish "
-              f"{final.finish_reason}; mode {cfg.mode}, k {cfg.k if cfg.speculative else 0}{extras}",
+              f"{final.finish_reason}; mode {cfg.mode}, k {cfg.draft_k}{extras}",
               file=sys.stderr)
     return 0
 

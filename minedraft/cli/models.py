@@ -54,17 +54,3 @@ def cmd_pull(a) -> int:
         return 1
     print(f"target={target}\ndraft={draft}")
     return 0
-
-
-def resolve_model(name: str, draft: str | None = None) -> tuple[str, str]:
-    """--model NAME -> (target dir, draft): --draft when given, else the pair's default draft (its trained draft
-    folder, or a self-draft such as "self:int4"); a ValueError (one sentence) when it is unknown or not pulled."""
-    from ..models.hub import PullError, default_draft, resolve
-    try:
-        target = resolve(name)[0]
-        return target, draft if draft is not None else default_draft(name)
-    except PullError as e:
-        raise ValueError(str(e)) from None
-
-
-

@@ -31,12 +31,8 @@ def cmd_serve(a) -> int:
         return _fail(_name_options(str(e)))
     _quiet_libraries()
 
-    def ready(server):
-        extra = f" (CURVE, server public key {server.public_key})" if server.public_key else ""
-        print(f"listening on {server.endpoint}{extra}", flush=True)
-
     try:
-        sig = _run_async(serve(cfg, a.bind, ready=ready, allow_remote=a.allow_remote,
+        sig = _run_async(serve(cfg, a.bind, ready=_print_lines, allow_remote=a.allow_remote,
                                curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
                                curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
                                max_inflight_per_client=a.max_inflight_per_client,
@@ -46,6 +42,14 @@ def cmd_serve(a) -> int:
     except Exception as e:
         logging.getLogger("minedraft.server").debug("serve failed", exc_info=True)
         return _fail(f"{type(e).__name__}: {e}", 1)
+    return _exit_code(sig)
+
+
+def _print_lines(lines) -> None:
+    print("\n".join(lines), flush=True)
+
+
+def _exit_code(sig) -> int:
     if sig == signal.SIGINT:
         raise KeyboardInterrupt  # stopped cleanly by Ctrl-C: main() reports it like any other interrupt
     return 0
@@ -70,9 +74,6 @@ def _serve_http(a) -> int:
     _quiet_libraries()
     from ..serving.http.serve import serve_http
 
-    def ready(lines):
-        print("\n".join(lines), flush=True)
-
     from ..serving.http.guard import ConnectionLimits
     cap = {} if a.http_max_connections is None else {"max_connections": a.http_max_connections}
     limits = ConnectionLimits(a.http_header_timeout, a.http_body_timeout, **cap, refusal_rate=a.http_refusal_rate)
@@ -80,18 +81,19 @@ def _serve_http(a) -> int:
     try:
         # a named pair (--model, where the CLI has it) is also the id clients send
         model_name = a.model_name or getattr(a, "model", None)
-        _run_async(serve_http(cfg, a.http, zmq_bind=a.bind, api_key=api_key, model_name=model_name,
-                              allow_remote=a.allow_remote, ready=ready, max_body_bytes=a.max_message_bytes,
-                              log_level="warning" if a.log_level == "info" else a.log_level, limits=limits,
-                              curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
-                              curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
-                              max_inflight_per_client=a.max_inflight_per_client), not a.no_uvloop)
+        sig = _run_async(serve_http(cfg, a.http, zmq_bind=a.bind, api_key=api_key, model_name=model_name,
+                                    allow_remote=a.allow_remote, ready=_print_lines,
+                                    max_body_bytes=a.max_message_bytes,
+                                    log_level="warning" if a.log_level == "info" else a.log_level, limits=limits,
+                                    curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
+                                    curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
+                                    max_inflight_per_client=a.max_inflight_per_client), not a.no_uvloop)
     except (HTTPBindError, BindError, ValueError, MinedraftError) as e:
         return _fail(str(e), 1)
     except Exception as e:
         logging.getLogger("minedraft.http").debug("serve failed", exc_info=True)
         return _fail(f"{type(e).__name__}: {e}", 1)
-    return 0
+    return _exit_code(sig)
 
 
 # -- keygen -----------------------------------------------------------------------------------------------------

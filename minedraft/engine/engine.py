@@ -27,7 +27,7 @@ from .scheduler import UNGUARDED_MAIN_EXIT, AsyncScheduler
 from ..config import EngineConfig
 from ..cores import resolve as resolve_cores
 from ..errors import EngineDeadError, InvalidRequestError
-from ..ipc.messages import Addresses, WorkerSpec
+from ..ipc.messages import Addresses, WorkerConfig, WorkerSpec
 from ..ipc.tensors import create_shm, destroy_shm, feature_slot_nbytes, slot_nbytes
 from ..outputs import GenerationResult, StreamDelta
 from ..sampling_params import SamplingParams, as_params
@@ -127,11 +127,11 @@ class Engine:
         draft_cores, target_cores = resolve_cores(cfg.draft_cores, cfg.target_cores, cfg.core_mode)  # may raise: first
         self._tmp = tempfile.mkdtemp(prefix="minedraft-")
         addr = Addresses(*(f"ipc://{self._tmp}/{n}" for n in ("cmd", "status", "drafts", "verdict_drafter")))
-        k = cfg.k if cfg.speculative else 0  # the configured budget per row; 0: the target alone
+        k = cfg.draft_k
         # suffix drafts alone never send probabilities (q None): no room for them
         nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab if cfg.draft_model else 0)
         # a feature-conditioned draft gets the target's features back with each verdict (ipc/tensors.py)
-        from ..workers.model_runner import FEATURE_FILE
+        from ..runner.model_runner import FEATURE_FILE
         feat_nbytes = feature_slot_nbytes(cfg, _hidden_size(cfg.target)) if (
             k and cfg.draft_model and os.path.exists(os.path.join(cfg.draft_model, FEATURE_FILE))) else 0
         if not draft_dev.startswith("cuda"):
@@ -139,18 +139,11 @@ class Engine:
             if feat_nbytes:
                 self._feat_shm = create_shm(2, feat_nbytes)
         common = WorkerSpec(
-            addr=addr, k=k, max_draft=cfg.max_draft, mode=cfg.mode, kv_cache_tokens=cfg.kv_cache_tokens,
-            block_size=cfg.block_size, dtype=cfg.dtype, shm=[s.name for s in self._shm], slot_nbytes=nbytes,
-            eos=list(eos), target=cfg.target, draft=cfg.draft_model, features=bool(feat_nbytes),
-            feat_nbytes=feat_nbytes, feat_shm=[s.name for s in self._feat_shm],
-            fault=list(self._fault) if self._fault else None,
-            tetris=bool(cfg.tetris and k), capacity=cfg.tetris_capacity,
-            heartbeat_s=min(1.0, cfg.heartbeat_timeout_s / 4),
-            # dynamic speculation in minedraft mode: with k = 0 the two batches merge into one (workers/
-            # plain_steps.py) and the verifier borrows the idle drafter's cores (CPU, one rank)
-            merge_on_zero=bool(cfg.adaptive_k and k and cfg.mode == "minedraft"),
-            suffix=(cfg.suffix_options or {}) if cfg.suffix_drafts else None, hybrid_threshold=cfg.hybrid_threshold)
-        lend = (common.merge_on_zero and not target_dev.startswith("cuda") and cfg.target_tp == 1
+            cfg=WorkerConfig.of(cfg), addr=addr, eos=list(eos), shm=[s.name for s in self._shm], slot_nbytes=nbytes,
+            features=bool(feat_nbytes), feat_nbytes=feat_nbytes, feat_shm=[s.name for s in self._feat_shm],
+            fault=list(self._fault) if self._fault else None)
+        # at k = 0 (one merged batch) the verifier borrows the idle drafter's cores (CPU, one rank)
+        lend = (common.cfg.merge_on_zero and not target_dev.startswith("cuda") and cfg.target_tp == 1
                 and not set(draft_cores) & set(target_cores))
         try:
             self._ctx = zmq.asyncio.Context()
@@ -158,7 +151,7 @@ class Engine:
             self.step_stats = StepStats(k)
             self.scheduler.verdict_listeners.append(self.step_stats)
             mpc = mp.get_context("spawn")
-            from ..workers.tp_workers import role_processes  # imports torch.distributed: not at engine import
+            from ..workers.tp_ranks import role_processes  # imports torch.distributed: not at engine import
             # each role's cores are split among its ranks (shared when there are fewer cores than ranks)
             draft_procs = role_processes(mpc, "drafter", drafter_main,
                                          replace(common, device=draft_dev, share_cores=target_cores if lend else None),
@@ -177,7 +170,7 @@ class Engine:
             raise
         self._ready = True
         if cfg.adaptive_k and k:
-            from ..spec.dynamic import DynamicSpeculation
+            from .dynamic import DynamicSpeculation
             dyn = DynamicSpeculation(cfg, self.scheduler)
             self.adaptive = dyn.controller
             self.scheduler.verdict_listeners.append(dyn)
@@ -364,7 +357,7 @@ class Engine:
         s = self.scheduler
         st = s.stats
         cfg = self.config
-        return {"mode": cfg.mode, "k": cfg.k if cfg.speculative else 0, "steps": st.steps,
+        return {"mode": cfg.mode, "k": cfg.draft_k, "steps": st.steps,
                 "output_tokens": st.output_tokens, "draft_tokens": st.draft_tokens,
                 "accepted_tokens": st.accepted_tokens, "verified_tokens": st.draft_tokens + st.row_steps,
                 "acceptance_rate": st.accepted_tokens / st.draft_tokens if st.draft_tokens else 0.0,

@@ -1,10 +1,9 @@
-"""The asyncio scheduler: request life-cycles, batch ids, the two-batch manager, and the worker sockets.
+"""The asyncio scheduler: request life-cycles, admission, aborts, verdicts in, and the worker sockets.
 
-It runs in the caller's process and never touches a model. Admission mirrors the workers' KV caches block for
-block (same block size, same reservation rule), so a request is sent to the workers only when both caches can
-hold it; otherwise it waits here. In `minedraft` mode each admitted request joins the smaller of the two
-batches; the drafter alternates between them, so at every sync point (a verdict coming back) the roles flip:
-the batch just verified is drafted while the other one is verified.
+It runs in the caller's process and never touches a model. Its BlockManager is the one authority on both
+workers' KV caches (cache/admission.py): a request goes to the drafter only once its blocks are assigned,
+otherwise it waits here. Which batch a request joins, and the two batches' rhythm, are the drafter's
+(engine/pipeline.py); the scheduler reads each step's timings from its verdict.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from ..cache.admission import Admission
 from ..config import EngineConfig
 from ..errors import EngineDeadError, InvalidRequestError, OverloadedError
 from ..ipc import messages as M
-from ..ipc.codec import decode_drafts, decode_status, encode
+from ..ipc.codec import decode_status, encode
 from ..outputs import StreamDelta
 from .request_state import RequestState, make_request
 
@@ -72,8 +71,6 @@ class AsyncScheduler:
         self.running: dict[int, RequestState] = {}
         self.by_name: dict[str, RequestState] = {}
         self.queues: dict[int, asyncio.Queue] = {}
-        self.batch_of: dict[int, int] = {}
-        self.batch_sizes = [0, 0]
         self.stats = EngineStats()
         self.trace = trace
         self.dead: EngineDeadError | None = None
@@ -85,11 +82,6 @@ class AsyncScheduler:
         self.status = ctx.socket(zmq.PULL)
         self.status.setsockopt(zmq.LINGER, 0)
         self.status.bind(addr.status)
-        self.drafts = ctx.socket(zmq.SUB)
-        self.drafts.setsockopt(zmq.SUBSCRIBE, b"")
-        self.drafts.setsockopt(zmq.RCVHWM, 0)
-        self.drafts.setsockopt(zmq.LINGER, 0)
-        self.drafts.connect(addr.drafts)
         self._probes: dict[int, asyncio.Future] = {}
         self._probe_parts: dict[int, dict] = {}
         self._probe_ids = itertools.count()
@@ -121,8 +113,7 @@ class AsyncScheduler:
                     ready.add(m.who)
 
     def start(self) -> None:
-        self._tasks = [asyncio.ensure_future(self._pump(self.status, decode_status, self._on_status)),
-                       asyncio.ensure_future(self._pump(self.drafts, decode_drafts, self._on_drafts))]
+        self._tasks = [asyncio.ensure_future(self._pump(self.status, decode_status, self._on_status))]
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, prompt, params, request_id: str | None) -> tuple[RequestState, asyncio.Queue]:
@@ -160,11 +151,8 @@ class AsyncScheduler:
     def _admit(self) -> None:
         # the rest wait for a running request to finish, or for their shared prefix to be computed
         for s in self.admission.admit_from(self.waiting, self.config.max_batch_size - len(self.running)):
-            b = 0 if self.config.mode != "minedraft" else int(self.batch_sizes[1] < self.batch_sizes[0])
-            self.batch_sizes[b] += 1
-            self.batch_of[s.req.rid] = b
             self.running[s.req.rid] = s
-            self.cmd.send(encode(M.Add(s.req, b)))
+            self.cmd.send(encode(M.Add(s.req)))
 
     def abort(self, name: str) -> bool:
         """Cancel a request by id; True if it was still pending."""
@@ -186,7 +174,6 @@ class AsyncScheduler:
         rid = s.req.rid
         if self.running.pop(rid, None) is not None:
             self.admission.release(rid)
-            self.batch_sizes[self.batch_of.pop(rid)] -= 1
         self.by_name.pop(s.request_id, None)
         self._admit()
 
@@ -230,19 +217,15 @@ class AsyncScheduler:
             return True
         return False
 
-    def _on_drafts(self, m) -> bool:
-        """The drafter's broadcast: used here for the timeline and per-step draft time."""
-        if isinstance(m, M.Drafts) and m.rids:
-            self.stats.draft_time_s += m.t1 - m.t0
-            if self.trace:
-                self.stats.trace.append(TraceEvent("drafter", "draft", m.batch, m.t0, m.t1, m.step))
-        return False
-
     def _on_verdict(self, m: M.Verdict) -> None:
         st = self.stats
         st.steps += 1
         st.verify_time_s += m.t1 - m.t0
+        # drafting time comes with the verdict: a lease's later steps carry an empty span (no drafting)
+        st.draft_time_s += m.draft_t1 - m.draft_t0
         if self.trace:
+            if m.draft_t1 > m.draft_t0:
+                st.trace.append(TraceEvent("drafter", "draft", m.batch, m.draft_t0, m.draft_t1, m.step))
             st.trace.append(TraceEvent("verifier", "verify", m.batch, m.t0, m.t1, m.step))
         src = m.src
         prefilled = False
@@ -328,7 +311,7 @@ class AsyncScheduler:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for sock in (self.cmd, self.status, self.drafts):
+        for sock in (self.cmd, self.status):
             sock.close(linger=0)
 
     def send_stop(self) -> None:

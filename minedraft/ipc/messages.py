@@ -17,6 +17,7 @@ from typing import Union
 
 import msgspec
 
+from ..config import DraftBudget, EngineConfig
 from ..sampling_params import SamplingParams
 
 
@@ -28,12 +29,12 @@ class _Msg(msgspec.Struct, array_like=True, omit_defaults=False):
 class Addresses(_Msg):
     cmd: str              # scheduler PUSH -> drafter PULL
     status: str           # workers PUSH -> scheduler PULL
-    drafts: str           # drafter XPUB -> verifier SUB, scheduler SUB
+    drafts: str           # drafter XPUB -> verifier SUB
     verdict_drafter: str  # verifier PUSH -> drafter PULL
 
 
 class TPRank(_Msg):
-    """One tensor-parallel rank of a role (workers/tp_workers.py)."""
+    """One tensor-parallel rank of a role (workers/tp_ranks.py)."""
     role: str        # "drafter" | "verifier"
     model: str       # "draft" | "target": the spec field holding its model directory
     rank: int
@@ -42,29 +43,50 @@ class TPRank(_Msg):
     timeout_s: float
 
 
-class WorkerSpec(_Msg):
-    addr: Addresses
-    k: int                   # the configured draft budget per row (0: no drafting, autoregressive mode)
-    max_draft: int           # the most drafts a row carries in one step: k, or k + tetris_extra with Tetris
+class WorkerConfig(_Msg):
+    """What both workers take from EngineConfig, derived in one place (of); WorkerSpec adds the wiring."""
     mode: str
+    budget: DraftBudget      # the configured k (0: no drafting, autoregressive mode), Tetris' extra and capacity
+    merge_on_zero: bool      # with k = 0 the two batches merge into one (engine/pipeline.py)
     kv_cache_tokens: int
     block_size: int
     dtype: str
+    target: str
+    draft: str | None        # the draft model (a folder or "self:<scheme>"); None: suffix drafts alone
+    suffix: dict | None      # draft="suffix" / "suffix+<model>": the SuffixConfig fields; None: a model draft
+    hybrid_threshold: float
+    heartbeat_s: float
+
+    @classmethod
+    def of(cls, cfg: EngineConfig) -> "WorkerConfig":
+        return cls(mode=cfg.mode, budget=cfg.budget,
+                   # dynamic speculation in minedraft mode: at k = 0 one merged batch, the drafter's cores lent
+                   merge_on_zero=bool(cfg.adaptive_k and cfg.draft_k and cfg.mode == "minedraft"),
+                   kv_cache_tokens=cfg.kv_cache_tokens, block_size=cfg.block_size, dtype=cfg.dtype,
+                   target=cfg.target, draft=cfg.draft_model,
+                   suffix=(cfg.suffix_options or {}) if cfg.suffix_drafts else None,
+                   hybrid_threshold=cfg.hybrid_threshold, heartbeat_s=min(1.0, cfg.heartbeat_timeout_s / 4))
+
+    @property
+    def k(self) -> int:
+        return self.budget.k
+
+    @property
+    def max_draft(self) -> int:
+        return self.budget.max_draft
+
+
+class WorkerSpec(_Msg):
+    """One worker process's start-up: the shared configuration view and this process's wiring."""
+    cfg: WorkerConfig
+    addr: Addresses
+    eos: list[int]
     shm: list[str]           # draft slots' shared-memory names (CPU); empty on CUDA
     slot_nbytes: int
-    eos: list[int]
-    target: str
-    draft: str | None        # None: suffix drafts alone (no draft model)
     features: bool           # a feature-conditioned draft: the verifier sends the target's features back
     feat_nbytes: int
     feat_shm: list[str]
     fault: list | None       # fault injection (tests): [who, point, n, "raise" | "exit" | "sleep", seconds?]
-    tetris: bool
-    capacity: int | None     # Tetris drafts verified per step at the configured k (None: k x rows)
-    heartbeat_s: float
-    merge_on_zero: bool      # with k = 0 the two batches merge into one (workers/plain_steps.py)
-    suffix: dict | None = None   # draft="suffix" / "suffix+<model>": the SuffixConfig fields; None: a model draft
-    hybrid_threshold: float = 1.0
     # per process, filled in by the Engine / role_processes
     device: str = "cpu"
     cores: list[int] | None = None
@@ -97,7 +119,7 @@ class StepResult(_Msg):
     finish_reason: str | None    # "stop" | "length" | None (still running)
     prefill_tokens: int = 0      # on a request's first result: prompt positions the verifier computed
     # with SamplingParams.logprobs: per new token [logprob, [[id, logprob], ...]] under the target's raw law
-    # (spec/logprobs.py); None unless the request asked
+    # (sampling/logprobs.py); None unless the request asked
     logprobs: list | None = None
 
 
@@ -120,8 +142,7 @@ class FeatureDesc(_Msg):
 
 # -- control messages: the tag is the first array element --------------------------------------------------------
 class Add(_Msg, tag="add"):
-    req: NewRequest
-    batch: int
+    req: NewRequest          # the drafter's Pipeline picks its batch
 
 
 class Abort(_Msg, tag="abort"):
@@ -209,7 +230,7 @@ class ProbeReply(_Msg, tag="probe_reply"):
 
 # what each socket carries (one decoder per socket, ipc/codec.py)
 CmdMsg = Union[Add, Abort, SetK, Probe, Stop]                      # scheduler -> drafter
-DraftsMsg = Union[Slots, Drafts, Yield, Probe, Stop]               # drafter -> verifier, scheduler
+DraftsMsg = Union[Slots, Drafts, Yield, Probe, Stop]               # drafter -> verifier
 ToDrafterMsg = Union[FeatureSlots, Verdict]                        # verifier -> drafter
 StatusMsg = Union[Ready, Heartbeat, Error, ProbeReply, Verdict]    # workers -> scheduler
 

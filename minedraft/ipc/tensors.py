@@ -9,7 +9,7 @@ CPU: POSIX shared memory created by the engine (the parent), which unlinks it on
 killed, Python's resource tracker unlinks it. GPU: CUDA memory allocated by the drafter, shared once at start
 through torch's CUDA IPC handles; the drafter synchronizes before it broadcasts.
 
-Feature slots run the other way, for a feature-conditioned draft (EAGLE-style, workers/drafter.py): with each
+Feature slots run the other way, for a feature-conditioned draft (EAGLE-style, drafting/drafter.py): with each
 verdict the verifier writes the target's final-norm hidden states of the positions it kept into feature slot b,
 and the drafter copies them out when it takes that verdict, before it drafts batch b again; the verifier writes
 slot b again only after that batch's next drafts. On GPU the verifier allocates them and sends the handles.

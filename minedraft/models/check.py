@@ -14,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # what workers/model_runner.py can run
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # what runner/model_runner.py can run
 
 
 class ModelDirError(ValueError):
@@ -85,7 +85,7 @@ def load_tokenizer(path: str, role: str = "target"):
 
 
 def _tp_check(config, world: int) -> None:
-    from ..workers.tensor_parallel import check_model  # imports torch.distributed: only when ranks are asked for
+    from ..runner.tensor_parallel import check_model  # imports torch.distributed: only when ranks are asked for
     check_model(config, world)
 
 
@@ -93,7 +93,7 @@ def draft_feature_size(draft: str, dcfg) -> int | None:
     """The size of the target feature a feature-conditioned draft reads (None: an ordinary draft)."""
     from safetensors import safe_open
 
-    from ..workers.model_runner import FEATURE_FILE
+    from ..runner.model_runner import FEATURE_FILE
     f = os.path.join(draft, FEATURE_FILE)
     if not os.path.exists(f):
         return None
@@ -123,7 +123,7 @@ def check_pair(target: str, draft: str, need_draft: bool = True, target_tp: int 
     tcfg = AutoConfig.from_pretrained(target, local_files_only=True)
     check_model(tcfg, target_tp)
     if need_draft:
-        from ..workers.model_runner import load_vocab_map
+        from ..runner.model_runner import load_vocab_map
         dcfg = AutoConfig.from_pretrained(draft, local_files_only=True)
         check_model(dcfg, draft_tp)
         try:

@@ -207,3 +207,13 @@ def _stale(shipped: Path, placed: Path) -> bool:
         if not g.exists() or g.stat().st_size != f.stat().st_size or g.read_bytes() != f.read_bytes():
             return True
     return False
+
+
+def resolve_model(name: str, draft: str | None = None) -> tuple[str, str]:
+    """--model NAME -> (target dir, draft): --draft when given, else the pair's default draft (its trained draft
+    folder, or a self-draft such as "self:int4"); a ValueError (one sentence) when it is unknown or not pulled."""
+    try:
+        target = resolve(name)[0]
+        return target, draft if draft is not None else default_draft(name)
+    except PullError as e:
+        raise ValueError(str(e)) from None

@@ -64,7 +64,7 @@ def placement(runner=None) -> dict:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     out = {"cores": cores, "threads": torch.get_num_threads()}
     if runner is not None:
-        from .self_draft import model_info
+        from ..drafting.load import model_info
         out["model"] = model_info(runner)
     return out
 
@@ -87,7 +87,7 @@ class _Worker:
         self.last_tick: float | None = None  # None during setup (loading), which worker_start_timeout_s bounds
         self._hb_stop = threading.Event()
         self._hb = None
-        if spec.heartbeat_s:
+        if spec.cfg.heartbeat_s:
             self._hb = threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True)
             self._hb.start()
 
@@ -105,7 +105,7 @@ class _Worker:
         sock.setsockopt(zmq.SNDHWM, 4)  # beats are only useful fresh; never queue many
         sock.connect(self.spec.addr.status)
         try:
-            while not self._hb_stop.wait(self.spec.heartbeat_s):
+            while not self._hb_stop.wait(self.spec.cfg.heartbeat_s):
                 try:
                     last = self.last_tick
                     busy = 0.0 if last is None else time.monotonic() - last
@@ -179,5 +179,5 @@ def drain(sock, decode):
 
 
 def _load(spec: WorkerSpec, path: str):
-    from .self_draft import load_draft  # a model folder, or a self-draft built from spec.target
-    return load_draft(path, spec.target, spec.kv_cache_tokens, spec.block_size, spec.device, spec.dtype)
+    from ..drafting.load import load_draft  # a model folder, or a self-draft built from spec.cfg.target
+    return load_draft(path, spec.cfg.target, spec.cfg.kv_cache_tokens, spec.cfg.block_size, spec.device, spec.cfg.dtype)

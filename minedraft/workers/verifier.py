@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..spec.batch_sampling import RowParams, take_rows, verify_batch
-from ..spec.controls import Controls, RowControl, process_positions
-from ..spec.logprobs import token_logprobs
+from ..sampling.batch_sampling import RowParams, take_rows, verify_batch
+from ..controls.logits import Controls, RowControl, process_positions
+from ..sampling.logprobs import token_logprobs
 from ..sampling_params import SamplingParams
-from .model_runner import ModelRunner
+from ..runner.model_runner import ModelRunner
 from ..ipc.messages import NewRequest, StepResult
 
 
@@ -21,7 +21,7 @@ class _VerifySeq:
     params: SamplingParams
     seed: int
     stop_ids: frozenset[int]
-    ctl: RowControl | None = None  # penalties / logit bias / grammar (spec/controls.py), None without
+    ctl: RowControl | None = None  # penalties / logit bias / grammar (controls/logits.py), None without
     cached: int = 0        # prompt positions found in the prefix cache (not computed)
     fresh: bool = True     # no step yet
 
@@ -31,7 +31,7 @@ class Verifier:
                  tokenizer_dir: str | None = None):
         """max_draft: the most drafts a row may carry in one step (k + Tetris extra); the cache reserves for it.
         features: keep the target's features of the kept positions of each result in last_features (the draft
-        is feature-conditioned, workers/drafter.py). tokenizer_dir: where structured output finds the tokenizer."""
+        is feature-conditioned, drafting/drafter.py). tokenizer_dir: where structured output finds the tokenizer."""
         self.runner, self.max_draft, self.features = runner, max_draft, features
         self.eos = frozenset(eos_token_ids)
         self.controls = Controls(runner.vocab_size, eos_token_ids, tokenizer_dir)

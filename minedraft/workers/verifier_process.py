@@ -20,9 +20,9 @@ class VerifierProcess(_Worker):
     def setup(self):
         from .verifier import Verifier
         spec, a = self.spec, self.spec.addr
-        self.runner = self.load(spec.target)
-        self.verifier = Verifier(self.runner, spec.max_draft, spec.eos, features=spec.features,
-                                 tokenizer_dir=spec.target)
+        self.runner = self.load(spec.cfg.target)
+        self.verifier = Verifier(self.runner, spec.cfg.max_draft, spec.eos, features=spec.features,
+                                 tokenizer_dir=spec.cfg.target)
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.setsockopt(zmq.RCVHWM, 0)

@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 
 from minedraft.config import DEFAULT_TARGET
-from minedraft.workers import model_runner as current
-from minedraft.workers.model_runner import ModelRunner
+from minedraft.runner import model_runner as current
+from minedraft.runner.model_runner import ModelRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = argparse.RawDescriptionHelpFormatter
@@ -164,7 +164,7 @@ forward (packed logits), the left-alignment of ragged rows, and verify_batch, on
 alternating within each repeat. Dense: k = 1 draft per row; ragged: 0..3 drafts per row, B drafts in all (a
 Tetris step at capacity B)."""
     from minedraft.sampling_params import SamplingParams
-    from minedraft.spec.batch_sampling import RowParams, verify_batch
+    from minedraft.sampling.batch_sampling import RowParams, verify_batch
     ap = parser("ragged-verify", ragged_verify)
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--batch", type=int, default=16)
@@ -282,7 +282,7 @@ def rss_mb() -> float:
 
 
 def _rank(path: str, rank: int, world: int, out) -> None:
-    from minedraft.workers.tensor_parallel import Shard, load_sharded, param_bytes
+    from minedraft.runner.tensor_parallel import Shard, load_sharded, param_bytes
     torch.set_num_threads(1)
     before = rss_mb()
     m = load_sharded(path, Shard(rank, world))

@@ -4,7 +4,7 @@
 Runs the same prompts free, with a JSON schema, and with penalties, in alternating rounds on one engine, and
 reports per setting: output tokens/s, verify steps, acceptance rate, ms per step, and the time spent in the
 controls (grammar masks + penalties, on both the drafter's and the verifier's side) per step, measured by
-wrapping RowControl.apply. Free requests never reach spec/controls.py (their RowControl is None): the `ctl_ms`
+wrapping RowControl.apply. Free requests never reach controls/logits.py (their RowControl is None): the `ctl_ms`
 column is 0 for them by construction, and --plain-only runs just the free workload, to compare trees (run it
 from each tree's root) for the cost of the checks on the hot path.
 
@@ -60,7 +60,7 @@ def main():
                                    max_batch_size=a.batch))
     ctl_s = [0.0]
     if not a.plain_only:
-        from minedraft.spec import controls
+        from minedraft.sampling import controls
         apply = controls.RowControl.apply
 
         def timed(self, x):

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from minedraft.spec.batch_sampling import RowParams, sample_draft_step, verify_batch
-from minedraft.spec.sampling import accept, make_generator, sample_draft
+from minedraft.sampling.batch_sampling import RowParams, sample_draft_step, verify_batch
+from minedraft.sampling.reference import accept, make_generator, sample_draft
 from minedraft.sampling_params import SamplingParams
 
 
@@ -67,7 +67,7 @@ def bench_one(B: int, k: int, V: int, params: SamplingParams, repeats: int) -> d
 
 def forward_ms(B: int, k: int, repeats: int) -> float:
     from minedraft.config import DEFAULT_TARGET
-    from minedraft.workers.model_runner import ModelRunner
+    from minedraft.runner.model_runner import ModelRunner
     runner = ModelRunner.from_pretrained(DEFAULT_TARGET, 65536, 16)
     rids = list(range(B))
     for r in rids:

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from minedraft.bench.prompts import held_out_prompts
-from minedraft.workers import self_draft
-from minedraft.workers.model_runner import ModelRunner, load_causal_lm
+from minedraft.drafting import self_draft
+from minedraft.runner.model_runner import ModelRunner, load_causal_lm
 
 VARIANTS = {  # name -> (scheme, group, head, activations)
     "bf16": ("bf16", 32, "float", "bfloat16"),

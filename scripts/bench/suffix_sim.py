@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from minedraft.spec.suffix import SuffixConfig, SuffixIndex  # noqa: E402
+from minedraft.drafting.suffix_index import SuffixConfig, SuffixIndex  # noqa: E402
 
 
 def answers(args) -> list[tuple[list[int], list[int]]]:

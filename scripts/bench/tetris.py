@@ -23,8 +23,8 @@ from minedraft.bench.runner import chat_prompts, corpus_prompts, run_workload
 from minedraft.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
 from minedraft.engine.engine import Engine
 from minedraft.sampling_params import SamplingParams
-from minedraft.spec.tetris import scores, select
-from minedraft.workers.model_runner import ModelRunner
+from minedraft.sampling.tetris import scores, select
+from minedraft.runner.model_runner import ModelRunner
 
 
 def parser(name: str, fn) -> argparse.ArgumentParser:
@@ -180,7 +180,7 @@ position its confidence (largest probability) and whether its top token is the t
   1. calibration: agreement per confidence bin (Tetris ranks prefixes by cumulative log confidence, so it
      can only help if confidence predicts acceptance);
   2. a simulated greedy step at batch B: B random positions; plain keeps k drafts per row, Tetris drafts
-     k + e and keeps the k x B best prefixes across the batch (minedraft/spec/tetris.py's own selection). A
+     k + e and keeps the k x B best prefixes across the batch (minedraft/sampling/tetris.py's own selection). A
      chain's acceptance is the run of agreements from its position (exact for greedy: a chain is accepted
      only while it equals the target's tokens, and then the draft saw the target's tokens). Beyond the
      first miss the simulation reads the teacher-forced confidences, a stand-in for those of the
@@ -233,7 +233,7 @@ def rank_signal(argv) -> int:
 answers: at every position the draft's confidence (largest probability), greedy agreement (same argmax) and the
 T = 1 acceptance probability of rejection sampling, 1 - TV(p, q). Then a simulated step at batch B with
 expected acceptances: plain keeps 1 draft per row, Tetris drafts 3 and keeps the B best prefixes
-(minedraft/spec/tetris.py's selection); ratios of expected accepted drafts are printed last."""
+(minedraft/sampling/tetris.py's selection); ratios of expected accepted drafts are printed last."""
     ap = parser("rank-signal", rank_signal)
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--draft", default=DEFAULT_DRAFT)

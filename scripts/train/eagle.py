@@ -2,7 +2,7 @@
 target's final-norm hidden state of the position before (its "feature") together with the token, and guesses the
 target's feature there; the target's own LM head (frozen, optionally cut to a reduced vocabulary) turns the guess
 into draft logits. minedraft runs it through ModelRunner (model_runner.load_feature_fc) and the Drafter feeds it the
-verifier's features after each verdict (workers/drafter.py).
+verifier's features after each verdict (drafting/drafter.py).
 
 Data: sequences with the target's features at every position, made by the target itself:
   --data smollm2   shards from `scripts/train/smollm2_draft.py gen --features` (chat prompts, greedy answers)
@@ -69,7 +69,7 @@ def phase_tiny_data(args):
     from transformers import AutoTokenizer
 
     from minedraft.models.distill import greedy_rows
-    from minedraft.workers.model_runner import ModelRunner
+    from minedraft.runner.model_runner import ModelRunner
     import pydoc_data.topics as topics
     out = Path(args.work) / "gen"
     out.mkdir(parents=True, exist_ok=True)
@@ -259,7 +259,7 @@ def phase_train(args):
 def phase_export(args):
     from safetensors.torch import save_file
 
-    from minedraft.workers.model_runner import FEATURE_FILE
+    from minedraft.runner.model_runner import FEATURE_FILE
     tdir = target_path(args)
     target = load_target(tdir)
     token_ids = vocab_subset(args)

@@ -60,7 +60,7 @@ def phase_gen(args):
     runs several times faster than transformers' generate for this 30-layer model."""
     from tqdm import tqdm
     from transformers import AutoTokenizer
-    from minedraft.workers.model_runner import ModelRunner
+    from minedraft.runner.model_runner import ModelRunner
     tdir = target_dir(args)
     tok = AutoTokenizer.from_pretrained(tdir, local_files_only=True)
     B = args.gen_batch
@@ -273,7 +273,7 @@ def phase_eval(args):
     from minedraft.config import EngineConfig
     from minedraft.engine.local_engine import LocalEngine
     from minedraft.sampling_params import SamplingParams
-    from minedraft.workers.model_runner import ModelRunner
+    from minedraft.runner.model_runner import ModelRunner
     from transformers import AutoTokenizer
     torch.set_num_threads(1)
     tdir = target_dir(args)

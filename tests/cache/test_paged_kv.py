@@ -11,7 +11,7 @@ import torch
 
 from minedraft.cache import PagedKVCache
 from minedraft.cache.paged_kv import BlockAllocator
-from minedraft.workers.model_runner import ModelRunner
+from minedraft.runner.model_runner import ModelRunner
 
 ATOL = 1e-4
 

@@ -149,7 +149,7 @@ def test_memory_pressure_with_distinct_prefixes_evicts_and_keeps_serving(tiny_pa
 def test_sampled_law_with_caching_is_the_targets(tiny_pair):
     """1200 seeded requests of one prompt (two shared blocks + 1 token): all but the first read the prompt's KV
     from the cache; their first token must follow the target's law (softmax at T = 1.5) by chi-square."""
-    from minedraft.spec.sampling import process_logits
+    from minedraft.sampling.reference import process_logits
     prompt, trials = BASE[:2 * BS + 1], 1200
     sp = [SamplingParams(temperature=1.5, max_tokens=1, seed=1000 + i, ignore_eos=True) for i in range(trials)]
     eng = LocalEngine(_cfg(tiny_pair, mode="sequential"))

@@ -15,7 +15,7 @@ def test_draft_strings_reach_the_config():
     assert kw("--draft", "suffix")["draft"] == "suffix"
     assert kw("--draft", f"suffix+{DEFAULT_DRAFT}", "--hybrid-threshold", "2.5") | {} == {
         **kw(), "draft": f"suffix+{DEFAULT_DRAFT}", "hybrid_threshold": 2.5}
-    from minedraft.cli.models import resolve_model
+    from minedraft.models.hub import resolve_model
     target, draft = resolve_model("tiny")
     tiny = kw("--model", "tiny", "--draft", "suffix")
     assert tiny["draft"] == "suffix" and tiny["target"] == target

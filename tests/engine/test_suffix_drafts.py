@@ -14,9 +14,9 @@ from minedraft.engine.engine import Engine
 from minedraft.engine.local_engine import LocalEngine
 from minedraft.errors import EngineDeadError
 from minedraft.sampling_params import SamplingParams
-from minedraft.spec import batch_sampling
-from minedraft.spec.batch_sampling import RowParams, verify_batch
-from minedraft.spec.sampling import process_logits
+from minedraft.sampling import batch_sampling
+from minedraft.sampling.batch_sampling import RowParams, verify_batch
+from minedraft.sampling.reference import process_logits
 from sampling_law import TARGET_LOGITS, V, chi2_critical, chi2_stat
 
 # the random tiny target falls into loops, which its own text then predicts: suffix drafts get accepted

@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from minedraft.config import DraftBudget, EngineConfig
 from minedraft.ipc import codec
 from minedraft.ipc import messages as M
 from minedraft.sampling_params import SamplingParams
@@ -69,7 +70,7 @@ VERDICT = M.Verdict(batch=1, step=40, results=ROWS, t0=1.5, t1=1.75, prefill=Tru
 
 # one of each control message, with the decoder of each socket that carries it
 SAMPLES = [
-    (M.Add(REQ, 1), [codec.decode_cmd]),
+    (M.Add(REQ), [codec.decode_cmd]),
     (M.Abort([1, 2, 2**40]), [codec.decode_cmd]),
     (M.SetK(0), [codec.decode_cmd]),
     (M.Probe(12), [codec.decode_cmd, codec.decode_drafts]),
@@ -110,7 +111,7 @@ def test_control_message_round_trip_on_its_sockets_only(msg, decoders):
 
 
 def test_payloads_round_trip_with_their_types():
-    back = codec.decode_cmd(codec.encode(M.Add(REQ, 0))).req
+    back = codec.decode_cmd(codec.encode(M.Add(REQ))).req
     assert back == REQ and isinstance(back.params, SamplingParams) and back.params.stop_token_ids == (3, 9)
     assert back.cache_tokens(6) == 3 + 12 + 6 + 1
     rows = codec.decode_status(codec.encode(VERDICT)).results
@@ -121,19 +122,30 @@ def test_payloads_round_trip_with_their_types():
 
 
 def test_invalid_sampling_params_are_refused_on_decode():
-    data = codec.encode(M.Add(REQ, 0)).replace(b"\xa5top_k\x05", b"\xa5top_k\xff")  # top_k = -1
+    data = codec.encode(M.Add(REQ)).replace(b"\xa5top_k\x05", b"\xa5top_k\xff")  # top_k = -1
     with pytest.raises(ValueError, match="top_k"):
         codec.decode_cmd(data)
 
 
 def test_worker_spec_pickles_and_takes_per_process_fields():
-    spec = M.WorkerSpec(addr=M.Addresses("ipc://a", "ipc://b", "ipc://c", "ipc://d"), k=3, max_draft=5,
-                        mode="minedraft", kv_cache_tokens=4096, block_size=16, dtype="float32", shm=["psm_1"],
-                        slot_nbytes=1024, eos=[2], target="/t", draft="/d", features=False, feat_nbytes=0,
-                        feat_shm=[], fault=["verifier", "verify", 4, "raise"], tetris=True, capacity=None,
-                        heartbeat_s=0.25, merge_on_zero=False)
+    cfg = M.WorkerConfig(mode="minedraft", budget=DraftBudget(3, True, 2, None), merge_on_zero=False,
+                         kv_cache_tokens=4096, block_size=16, dtype="float32", target="/t", draft="/d", suffix=None,
+                         hybrid_threshold=1.0, heartbeat_s=0.25)
+    spec = M.WorkerSpec(cfg=cfg, addr=M.Addresses("ipc://a", "ipc://b", "ipc://c", "ipc://d"), eos=[2],
+                        shm=["psm_1"], slot_nbytes=1024, features=False, feat_nbytes=0, feat_shm=[],
+                        fault=["verifier", "verify", 4, "raise"])
     rank = msgspec.structs.replace(spec, device="cuda:1", cores=[2, 3],
                                    tp=M.TPRank("verifier", "target", 1, 2, "file:///x", 30.0))
     back = pickle.loads(pickle.dumps(rank))
     assert back == rank and back.tp.rank == 1 and spec.device == "cpu" and spec.tp is None
-    assert getattr(back, back.tp.model) == "/t"
+    assert getattr(back.cfg, back.tp.model) == "/t" and back.cfg.k == 3 and back.cfg.max_draft == 5
+
+
+def test_worker_config_is_derived_from_the_engine_config():
+    """One view, built in one place: the budget and the draft length follow the mode, Tetris and adaptive k."""
+    auto = M.WorkerConfig.of(EngineConfig(mode="minedraft", k=3, tetris=True))
+    assert (auto.k, auto.max_draft, auto.merge_on_zero, auto.draft) == (3, 5, True, EngineConfig().draft_model)
+    alone = M.WorkerConfig.of(EngineConfig(mode="autoregressive", k=3, tetris=True))
+    assert (alone.k, alone.max_draft, alone.budget.tetris, alone.merge_on_zero) == (0, 0, False, False)
+    seq = M.WorkerConfig.of(EngineConfig(mode="sequential", k=3, adaptive_k=False))
+    assert (seq.k, seq.merge_on_zero) == (3, False)

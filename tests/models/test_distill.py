@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from minedraft.models.distill import TOPK, greedy_rows
-from minedraft.workers.model_runner import ModelRunner
+from minedraft.runner.model_runner import ModelRunner
 
 
 def test_greedy_rows_are_the_targets_greedy_answers(tiny_pair):

@@ -33,12 +33,12 @@ from minedraft.engine.diagnostics import process_alive, shm_exists
 from minedraft.engine.engine import Engine
 from minedraft.errors import EngineDeadError
 from minedraft.engine.local_engine import LocalEngine
-from minedraft.spec.sampling import process_logits
+from minedraft.sampling.reference import process_logits
 from minedraft.sampling_params import SamplingParams
-from minedraft.workers import tp_workers
-from minedraft.workers.model_runner import ModelRunner
+from minedraft.workers import tp_ranks as tp_workers
+from minedraft.runner.model_runner import ModelRunner
 from minedraft.ipc.messages import NewRequest
-from minedraft.workers.tensor_parallel import Shard, head_split, load_sharded, param_bytes
+from minedraft.runner.tensor_parallel import Shard, head_split, load_sharded, param_bytes
 from minedraft.workers.verifier import Verifier
 
 WORDS = ("the for statement while class def return import lambda yield with try except raise global "

@@ -26,7 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ...errors import EngineDeadError, InvalidRequestError, OverloadedError
-from . import controls as ctl
+from . import output_fields as ctl
 from . import openai_api as oa
 from .guard import DEFAULT_REFUSAL_RATE, RefusalPacer
 from .metrics import CONTENT_TYPE, Metrics
@@ -162,7 +162,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
             raise oa.invalid(f"the request body is not valid JSON: {e}") from None
         except RecursionError:
             raise oa.invalid("the request body is nested too deeply") from None
-        oa.check_text(bytes(body), obj)
+        oa.check_body_text(bytes(body), obj)
         return obj
 
     async def completions(request: Request):
@@ -274,7 +274,7 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
         st = engine.step_stats
         ivs = st.recent(TIMELINE_WINDOW_S, now) if st else []
         return JSONResponse({"window_s": TIMELINE_WINDOW_S, "mode": engine.config.mode, "model": served,
-                             "k": engine.config.k if engine.config.speculative else 0,
+                             "k": engine.config.draft_k,
                              "intervals": [[lane, b, t0 - now, t1 - now] for lane, b, t0, t1 in ivs]})
 
     async def index(request: Request):

@@ -19,7 +19,7 @@ from ... import errors
 from ...errors import InvalidRequestError
 from ...outputs import GenerationResult, RequestStats
 from ...sampling_params import MAX_STOP_STRINGS, SamplingParams
-from . import controls as ctl
+from . import output_fields as ctl
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -56,7 +56,7 @@ _ENDPOINT_FIELDS = {"completion": {"prompt"}, "chat": {"messages", "max_completi
 # accepted and ignored: they never change the output (parallel_tool_calls only matters with tools, refused)
 _IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
             "prompt_cache_retention", "prompt_cache_options", "safety_identifier"}
-_KNOWN = _HONOURED | _IGNORED | set(_UNSUPPORTED) | ctl.FIELDS  # ctl: output controls (serving/http/controls.py)
+_KNOWN = _HONOURED | _IGNORED | set(_UNSUPPORTED) | ctl.FIELDS  # ctl: output controls (serving/http/output_fields.py)
 _STREAM_OPTIONS = {"include_usage", "include_obfuscation"}  # obfuscation pads chunks; it never changes the text
 
 
@@ -196,7 +196,7 @@ _SKIM = None
 def decode_json(raw) -> object:
     """The request body, parsed by msgspec's decoder (2-30x json's on bodies of many small objects, the most
     event-loop time a refused request costs); json's where the body escapes a surrogate (msgspec refuses a lone
-    one with a misleading message; check_text then names it) or where msgspec is missing. Both raise ValueError
+    one with a misleading message; check_body_text then names it) or where msgspec is missing. Both raise ValueError
     (or RecursionError) on bad input."""
     try:
         import msgspec
@@ -207,7 +207,7 @@ def decode_json(raw) -> object:
     return msgspec.json.decode(raw)
 
 
-def check_text(raw: bytes, body) -> None:
+def check_body_text(raw: bytes, body) -> None:
     """Refuse a body holding a string that is not valid Unicode (a lone UTF-16 surrogate such as "\\ud800",
     which JSON can carry and Python accepts, but no tokenizer or UTF-8 reply can). Only a body whose raw bytes
     hold a surrogate escape (a pair is fine: it decodes to one character) is walked."""

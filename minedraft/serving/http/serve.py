@@ -1,18 +1,14 @@
-"""Run the HTTP front end (uvicorn on the caller's loop, uvloop under the CLI), optionally beside the ZeroMQ
-server on the same engine. The address is checked and the socket bound before the models load, so a bad or
-busy address fails at once."""
+"""The HTTP front end's server: uvicorn on the caller's loop (uvloop under the CLI), on a socket checked and
+bound before the models load, so a bad or busy address fails at once; serve_http runs it through the one
+launcher (serving/launch.py), optionally beside the ZeroMQ server on the same engine."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
-import logging
-import signal
 import socket
 
-log = logging.getLogger("minedraft.http")
-
+from ..launch import is_loopback
 
 class HTTPBindError(ValueError):
     """The --http address is malformed or not allowed (non-loopback without allow_remote)."""
@@ -30,15 +26,6 @@ def parse_address(addr: str) -> tuple[str, int]:
         raise HTTPBindError(f"cannot parse HTTP address {addr!r}; expected HOST:PORT, e.g. 127.0.0.1:8000 or "
                             "[::1]:8000")
     return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name or 0.0.0.0-like wildcard: possibly reachable from elsewhere
 
 
 def bind_socket(addr: str, allow_remote: bool) -> socket.socket:
@@ -101,60 +88,48 @@ class HTTPServer:
         self.task = None
 
 
+class HTTPFrontEnd:
+    """The HTTP front end for serving/launch.py: the app on a socket bound beforehand."""
+
+    def __init__(self, sock: socket.socket, app_kw: dict, log_level: str = "warning", limits=None):
+        self.sock, self.app_kw, self.log_level, self.limits = sock, app_kw, log_level, limits
+        self.server: HTTPServer | None = None
+
+    async def start_with(self, engine) -> str:
+        from .app import create_app
+        refusal = {} if self.limits is None else {"refusal_rate": self.limits.refusal_rate}
+        self.server = HTTPServer(create_app(engine, **self.app_kw, **refusal), self.sock, self.log_level, self.limits)
+        await self.server.start()
+        return f"listening on {self.server.url}"
+
+    async def close(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+        self.sock.close()
+
+
 async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, api_key: str | None = None,
                      model_name: str | None = None, allow_remote: bool = False, ready=None,
                      max_body_bytes: int | None = None, log_level: str = "warning", limits=None,
-                     **zmq_kw) -> None:
-    """Start an Engine, the HTTP server on `http` and (with zmq_bind) the ZeroMQ server, until SIGINT/SIGTERM.
-    `ready(lines)` gets one 'listening on ...' line per server once both serve; `limits` (guard.ConnectionLimits)
-    sets the header and body deadlines and the connection cap."""
-    from ...engine.engine import Engine
-    from ..zmq.server import Server, check_bind
-    from .app import create_app
-
-    sock = bind_socket(http, allow_remote)
-    zserver = None
-    if zmq_bind is not None:
-        check_bind(zmq_bind, allow_remote)
-        if zmq_kw.get("max_message_bytes") is None:  # sized to the prompt limit, as `serve` does
-            from ..zmq.protocol import message_limit_for
-            zmq_kw["max_message_bytes"] = message_limit_for(engine_config.max_prompt_tokens)
-        zserver = Server(None, zmq_bind, allow_remote=allow_remote, **zmq_kw)
-        zserver.bind()
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    hserver = None
+                     **zmq_kw) -> int | None:
+    """Serve HTTP on `http` and (with zmq_bind) ZeroMQ, on one Engine, until SIGINT/SIGTERM (serving/launch.py;
+    returns the signal). `ready(lines)` gets one 'listening on ...' line per server once both serve; `limits`
+    (guard.ConnectionLimits) sets the header and body deadlines and the connection cap."""
+    from ..launch import launch
+    front_ends = [HTTPFrontEnd(bind_socket(http, allow_remote), dict(model_name=model_name, api_key=api_key,
+                                                                     max_body_bytes=max_body_bytes),
+                               log_level, limits)]
     try:
-        async with Engine(engine_config) as engine:
-            app = create_app(engine, model_name=model_name, api_key=api_key, max_body_bytes=max_body_bytes,
-                             **({} if limits is None else {"refusal_rate": limits.refusal_rate}))
-            hserver = HTTPServer(app, sock, log_level, limits)
-            await hserver.start()
-            lines = [f"listening on {hserver.url}"]
-            if zserver is not None:
-                zserver.engine = engine
-                await zserver.start()
-                curve = f" (CURVE, server public key {zserver.public_key})" if zserver.public_key else ""
-                lines.append(f"listening on {zserver.endpoint}{curve}")
-            if ready is not None:
-                ready(lines)
-            await stop.wait()
-            log.info("shutting down")
-            # The engine first: it fails every pending request at once, so each handler still running writes its
-            # ending (a stream: an error event and [DONE]; a plain request: a 503 engine_dead) while the
-            # workers stop; new requests get the same 503. Only then uvicorn, whose graceful shutdown cancels
-            # the handlers still running after its timeout (it used to cut every stream mid-way, issue 35).
-            await engine.shutdown("server shutting down")
-            await hserver.stop()
-    finally:
-        if hserver is not None:
-            await hserver.stop()
-        if zserver is not None:
-            await zserver.close()
-        sock.close()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+        if zmq_bind is not None:
+            from ..zmq.server import Server
+            if zmq_kw.get("max_message_bytes") is None:  # sized to the prompt limit, as `serve` does
+                from ..zmq.protocol import message_limit_for
+                zmq_kw["max_message_bytes"] = message_limit_for(engine_config.max_prompt_tokens)
+            zserver = Server(None, zmq_bind, allow_remote=allow_remote, **zmq_kw)
+            front_ends.append(zserver)
+            zserver.bind()
+    except BaseException:
+        for fe in front_ends:
+            await fe.close()
+        raise
+    return await launch(engine_config, front_ends, ready=ready)

@@ -4,7 +4,6 @@ generating, and the allow-list of client keys)."""
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import os
 import re
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import zmq
 from zmq.utils import z85
+
+from ..launch import is_loopback
 
 log = logging.getLogger("minedraft.server")
 
@@ -40,13 +41,7 @@ def is_loopback_endpoint(endpoint: str) -> bool:
     port = m.group("port")
     if port != "*" and not 0 <= int(port) <= 65535:
         raise BindError(f"port {port} out of range in {endpoint!r}")
-    host = m.group("host").strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # '*', an interface name or a host name: may be reachable from elsewhere
+    return is_loopback(m.group("host").strip("[]"))  # '*', an interface or a host name: possibly not
 
 
 def check_bind(endpoint: str, allow_remote: bool) -> None:

@@ -1,8 +1,8 @@
 """The network front end: a ZeroMQ ROUTER speaking the msgpack protocol of docs/PROTOCOL.md.
 
 It runs on the same asyncio loop as the Engine (zmq.asyncio). This module is the transport: the socket, framing,
-limits, and which clients are connected (server_peers.py); the requests themselves, one task each that awaits the
-engine and sends its replies, live in server_requests.py. Nothing a client sends can crash the loop or touch
+limits, and which clients are connected (serving/zmq/peers.py); the requests themselves, one task each that awaits the
+engine and sends its replies, live in serving/zmq/requests.py. Nothing a client sends can crash the loop or touch
 another client's requests; request ids are scoped per ROUTER identity (each DEALER connection).
 
     async with Engine(cfg) as engine, Server(engine, "tcp://127.0.0.1:5555") as server:
@@ -137,7 +137,7 @@ class Server:
                 s.curve_secretkey = self._secret
                 s.curve_publickey = self._public
                 s.curve_server = True
-            # connection events, watched from before the bind so none is missed (server_peers.py)
+            # connection events, watched from before the bind so none is missed (serving/zmq/peers.py)
             self._mon = s.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             self._mon_now = zmq.Socket.shadow(self._mon.underlying)
             s.bind(self.bind_endpoint)
@@ -161,6 +161,13 @@ class Server:
             self._monitor_task = asyncio.ensure_future(self._monitor())
         log.info("serving on %s%s", self.endpoint, " (CURVE)" if self._secret else "")
         return self
+
+    async def start_with(self, engine) -> str:
+        """Serve `engine` (serving/launch.py); returns the 'listening on ...' line."""
+        self.engine = engine
+        await self.start()
+        return f"listening on {self.endpoint}" + (f" (CURVE, server public key {self.public_key})"
+                                                  if self.public_key else "")
 
     async def wait_closed(self) -> None:
         await self._closed.wait()
@@ -379,51 +386,16 @@ def _re(peek: dict) -> str | None:
 
 
 async def serve(engine_config, bind: str, *, ready=None, **server_kw) -> int | None:
-    """Start an Engine and a Server on the running loop and serve until SIGINT/SIGTERM (or cancellation).
-    The bind address is checked and bound before the models load, so a bad --bind fails at once; a signal during
-    start-up stops the start at once. `ready(server)` is called once requests are being served. Returns the
-    signal that stopped it (None when cancelled)."""
-    import signal
-
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    got: list[int] = []
-
-    def on_signal(sig: int) -> None:
-        got.append(sig)
-        stop.set()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, on_signal, sig)
+    """Serve ZeroMQ on `bind` until SIGINT/SIGTERM (serving/launch.py; returns the signal, None when cancelled).
+    The address is bound before the models load, so a bad --bind fails at once. `ready(lines)` gets the
+    'listening on ...' line once requests are being served."""
+    from ..launch import launch
     if server_kw.get("max_message_bytes") is None:
         server_kw["max_message_bytes"] = P.message_limit_for(engine_config.max_prompt_tokens)
     server = Server(None, bind, **server_kw)
-    engine = stopping = None
     try:
         server.bind()  # errors (address in use, ...) surface before the models load, and before torch loads
-        from ...engine.engine import Engine
-        starting = asyncio.ensure_future(Engine.start(engine_config))
-        stopping = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not starting.done():  # stopped during start-up: Engine.start cleans up after itself when cancelled
-            starting.cancel()
-            await asyncio.gather(starting, return_exceptions=True)
-            return got[0] if got else None
-        stopping.cancel()
-        engine = starting.result()
-        server.engine = engine
-        await server.start()
-        if ready is not None:
-            ready(server)
-        await stop.wait()
-        log.info("shutting down")
-        return got[0] if got else None
-    finally:
-        if stopping is not None:
-            stopping.cancel()
+    except BaseException:
         await server.close()
-        if engine is not None:
-            await engine.shutdown()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+        raise
+    return await launch(engine_config, [server], ready=ready)

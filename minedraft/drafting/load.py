@@ -1,0 +1,26 @@
+"""The drafter's model for a draft option: a model folder, or a self-draft built from the target's folder; and
+what a worker's model takes (reported in status)."""
+
+from __future__ import annotations
+
+from ..config import self_scheme
+from .self_draft import load_self_draft, weight_bytes
+
+
+def load_draft(draft: str, target: str, kv_cache_tokens: int, block_size: int = 16, device="cpu",
+               dtype="float32"):
+    """The drafter's runner for the draft option: a model folder, or a self-draft built from the target's folder."""
+    from ..runner.model_runner import ModelRunner  # torch and transformers: on first use
+    scheme = self_scheme(draft)
+    if scheme is not None:
+        return load_self_draft(target, scheme, kv_cache_tokens, block_size, device)
+    return ModelRunner.from_pretrained(draft, kv_cache_tokens, block_size, device, dtype)
+
+
+def model_info(runner) -> dict:
+    """What a worker's model takes: {"weight_bytes": n} (+ scheme and load_s for a self-draft)."""
+    info = getattr(runner, "draft_info", None)
+    if info is None:
+        model = getattr(runner, "model", None)
+        info = {"weight_bytes": weight_bytes(model)} if model is not None else {}
+    return dict(info)
