@@ -1,0 +1,313 @@
+/* minedraft's CPU kernels: the float32 decoder layer in a fixed order of operations.
+ *
+ * Every result here is a function of its own row alone, computed by one fixed sequence of IEEE operations,
+ * so a row's bits do not depend on how many other rows or tokens share the call, nor on the instruction set:
+ *   - matmul: each output element is one chain acc = fma(x[k], w[k][n], acc) over k = 0..K-1 from 0; vectors
+ *     only run several columns (and rows) side by side, never split k;
+ *   - dot products and sums of squares: 8 partial chains (element i feeds chain i % 8, by fma), then added
+ *     ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)); AVX2, AVX-512 and plain C all do exactly this;
+ *   - exp: our own polynomial built from fmaf, not libm (whose variants may differ by machine).
+ * Compiled with -ffp-contract=off so the compiler adds no fused operations of its own.
+ * Weights are packed in panels of PW output columns, [N/PW][K][PW]: a panel streams once per call, whatever
+ * the number of rows, and stays in cache while every row block reads it.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define MD_ISA 2
+typedef __m512 vf;
+#define VL 16
+#define RB 6
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vfma _mm512_fmadd_ps
+#define vset1 _mm512_set1_ps
+#define vzero _mm512_setzero_ps
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define MD_ISA 1
+typedef __m256 vf;
+#define VL 8
+#define RB 3
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vfma _mm256_fmadd_ps
+#define vset1 _mm256_set1_ps
+#define vzero _mm256_setzero_ps
+#else
+#define MD_ISA 0
+#define VL 8
+#endif
+#define PW (4 * VL) /* panel width: four vectors per row */
+
+static int g_scalar = 0; /* tests: run the plain-C path on the same data */
+static int g_prof = 0;
+static double g_times[8];
+
+int md_isa(void) { return MD_ISA; }
+int md_panel_width(void) { return PW; }
+void md_force_scalar(int on) { g_scalar = on; }
+void md_profile(int on) { g_prof = on; }
+double *md_profile_times(void) { return g_times; }
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+#define TICK(i, t0)                         \
+    if (g_prof) {                           \
+        double t1_ = now();                 \
+        g_times[i] += t1_ - t0;             \
+        t0 = t1_;                           \
+    }
+
+/* ---------------------------------------------------------------- matmul */
+static void matmul_scalar(const float *x, long ldx, int M, int K, const float *wp, int N, float *y, long ldy) {
+    float acc[PW];
+    for (int p = 0; p * PW < N; p++) {
+        const float *w = wp + (long)p * K * PW;
+        int nc = N - p * PW < PW ? N - p * PW : PW;
+        for (int m = 0; m < M; m++) {
+            for (int c = 0; c < PW; c++) acc[c] = 0.0f;
+            const float *xr = x + m * ldx;
+            for (int k = 0; k < K; k++)
+                for (int c = 0; c < PW; c++) acc[c] = fmaf(xr[k], w[(long)k * PW + c], acc[c]);
+            memcpy(y + m * ldy + (long)p * PW, acc, nc * sizeof(float));
+        }
+    }
+}
+
+#if MD_ISA > 0
+/* R rows x one panel: 4R accumulators live in registers across the whole k loop. */
+static inline __attribute__((always_inline)) void tile(const int R, const float *x, long ldx, int K,
+                                                       const float *w, float *y, long ldy, int nc) {
+    vf a[RB][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) a[r][j] = vzero();
+    for (int k = 0; k < K; k++) {
+        const float *wk = w + (long)k * PW;
+        vf w0 = vload(wk), w1 = vload(wk + VL), w2 = vload(wk + 2 * VL), w3 = vload(wk + 3 * VL);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            vf b = vset1(x[r * ldx + k]);
+            a[r][0] = vfma(b, w0, a[r][0]);
+            a[r][1] = vfma(b, w1, a[r][1]);
+            a[r][2] = vfma(b, w2, a[r][2]);
+            a[r][3] = vfma(b, w3, a[r][3]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        if (nc == PW) {
+            for (int j = 0; j < 4; j++) vstore(y + r * ldy + j * VL, a[r][j]);
+        } else {
+            float tmp[PW];
+            for (int j = 0; j < 4; j++) vstore(tmp + j * VL, a[r][j]);
+            memcpy(y + r * ldy, tmp, nc * sizeof(float));
+        }
+    }
+}
+
+static void matmul_vec(const float *x, long ldx, int M, int K, const float *wp, int N, float *y, long ldy) {
+    for (int p = 0; p * PW < N; p++) {
+        const float *w = wp + (long)p * K * PW;
+        int nc = N - p * PW < PW ? N - p * PW : PW;
+        float *yp = y + (long)p * PW;
+        int m = 0;
+        for (; m + RB <= M; m += RB) tile(RB, x + m * ldx, ldx, K, w, yp + m * ldy, ldy, nc);
+        switch (M - m) {
+        case 1: tile(1, x + m * ldx, ldx, K, w, yp + m * ldy, ldy, nc); break;
+        case 2: tile(2, x + m * ldx, ldx, K, w, yp + m * ldy, ldy, nc); break;
+#if RB > 3
+        case 3: tile(3, x + m * ldx, ldx, K, w, yp + m * ldy, ldy, nc); break;
+        case 4: tile(4, x + m * ldx, ldx, K, w, yp + m * ldy, ldy, nc); break;
+        case 5: tile(5, x + m * ldx, ldx, K, w, yp + m * ldy, ldy, nc); break;
+#endif
+        default: break;
+        }
+    }
+}
+#endif
+
+/* y[M, N] = x[M, K] @ W (W packed by pack order, see the header); bias (may be NULL) added after the chain. */
+void md_matmul(const float *x, long ldx, int M, int K, const float *wp, int N, const float *bias, float *y,
+               long ldy) {
+#if MD_ISA > 0
+    if (!g_scalar)
+        matmul_vec(x, ldx, M, K, wp, N, y, ldy);
+    else
+#endif
+        matmul_scalar(x, ldx, M, K, wp, N, y, ldy);
+    if (bias)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) y[m * ldy + n] += bias[n];
+}
+
+/* ---------------------------------------------------------------- fixed-order reductions */
+static inline float combine8(const float *c) { return ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7])); }
+
+static float dot(const float *a, const float *b, int n) {
+    float c[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+#if MD_ISA > 0
+    if (!g_scalar) {
+        __m256 v = _mm256_setzero_ps();
+        for (; i + 8 <= n; i += 8) v = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), v);
+        _mm256_storeu_ps(c, v);
+    }
+#endif
+    for (; i < n; i++) c[i & 7] = fmaf(a[i], b[i], c[i & 7]);
+    return combine8(c);
+}
+
+/* y = w * (x * 1/sqrt(mean(x^2) + eps)), as transformers' RMSNorm in float32 */
+static void rmsnorm(const float *x, const float *w, int n, float eps, float *y) {
+    float r = 1.0f / sqrtf(dot(x, x, n) / (float)n + eps);
+    for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+}
+
+void md_rmsnorm(const float *x, long ldx, int M, const float *w, int n, float eps, float *y, long ldy) {
+    for (int m = 0; m < M; m++) rmsnorm(x + m * ldx, w, n, eps, y + m * ldy);
+}
+
+/* exp(x) by x = n ln2 + r, |r| <= ln2/2, a degree-7 polynomial in fmaf, times 2^n: about 1 ulp, same bits
+ * on every machine. */
+static float md_expf(float x) {
+    if (x < -103.0f) return 0.0f;
+    if (x > 88.7f) return INFINITY;
+    float n = nearbyintf(x * 1.44269504088896341f);
+    float r = fmaf(n, -0.693145751953125f, x);
+    r = fmaf(n, -1.428606765330187045e-06f, r);
+    float p = 1.0f / 5040.0f;
+    p = fmaf(p, r, 1.0f / 720.0f);
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    int e = (int)n;
+    /* 2^e in two halves, so that e down to -149 (subnormal results) stays exact */
+    int e1 = e / 2, e2 = e - e1;
+    union { uint32_t u; float f; } s1 = {(uint32_t)(e1 + 127) << 23}, s2 = {(uint32_t)(e2 + 127) << 23};
+    return p * s1.f * s2.f;
+}
+
+void md_exp(const float *x, float *y, long n) { for (long i = 0; i < n; i++) y[i] = md_expf(x[i]); }
+
+/* ---------------------------------------------------------------- one decoder layer */
+typedef struct {
+    const float *ln1, *ln2;     /* [H] */
+    const float *wqkv, *bqkv;   /* packed [H -> (nh + 2 nkv) D]; bias or NULL */
+    const float *qnorm, *knorm; /* [D] or NULL (Qwen3) */
+    const float *wo, *bo;       /* packed [nh D -> H] */
+    const float *wgu;           /* packed [H -> 2 I]: gate columns, then up */
+    const float *wdown;         /* packed [I -> H] */
+    float *kc, *vc;             /* this layer's cache [slots, nkv, D] */
+    int window;                 /* sliding window, 0 = full attention */
+} md_layer_t;
+
+typedef struct {
+    int N, H, nh, nkv, D, I;
+    float eps, scale;
+    const float *cos, *sin;       /* [N, D] rotary tables of each token's position */
+    const int32_t *row, *pos;     /* [N] each token's sequence (row of tables) and position */
+    const int32_t *tables;        /* [rows, nblocks] block tables */
+    int nblocks, block_size;
+    float *x, *qkv, *att, *act, *tmp, *scores; /* scratch: [N,H] [N,(nh+2nkv)D] [N,nh D] [N,2I] [N,H] [max len] */
+} md_step_t;
+
+static inline long slot(const md_step_t *s, int row, int p) {
+    return (long)s->tables[(long)row * s->nblocks + p / s->block_size] * s->block_size + p % s->block_size;
+}
+
+static void rope(float *v, const float *cos, const float *sin, int D) {
+    int h = D / 2;
+    for (int i = 0; i < h; i++) {
+        float a = v[i], b = v[i + h];
+        float ya = a * cos[i] + (-b) * sin[i];
+        float yb = b * cos[i + h] + a * sin[i + h];
+        v[i] = ya, v[i + h] = yb;
+    }
+}
+
+/* out[d] = sum_j e_j v_j[d] / sum_j e_j over this query's own keys, j ascending */
+static void attend(const md_step_t *s, const md_layer_t *L, int n, const float *q, int kvh, float *out) {
+    int D = s->D, p = s->pos[n], row = s->row[n], stride = s->nkv * D;
+    int lo = L->window > 0 && p - L->window + 1 > 0 ? p - L->window + 1 : 0;
+    float *sc = s->scores, mx = -INFINITY;
+    for (int j = lo; j <= p; j++) {
+        float v = dot(q, L->kc + slot(s, row, j) * stride + kvh * D, D) * s->scale;
+        sc[j - lo] = v;
+        mx = v > mx ? v : mx;
+    }
+    float sum = 0.0f;
+    for (int j = lo; j <= p; j++) {
+        sc[j - lo] = md_expf(sc[j - lo] - mx);
+        sum += sc[j - lo];
+    }
+    for (int d = 0; d < D; d++) out[d] = 0.0f;
+    for (int j = lo; j <= p; j++) {
+        const float *v = L->vc + slot(s, row, j) * stride + kvh * D;
+        float e = sc[j - lo];
+        int d = 0;
+#if MD_ISA > 0
+        if (!g_scalar) {
+            __m256 eb = _mm256_set1_ps(e);
+            for (; d + 8 <= D; d += 8)
+                _mm256_storeu_ps(out + d, _mm256_fmadd_ps(eb, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
+        }
+#endif
+        for (; d < D; d++) out[d] = fmaf(e, v[d], out[d]);
+    }
+    for (int d = 0; d < D; d++) out[d] = out[d] / sum;
+}
+
+/* h[N, H] += attention(norm(h)); h += mlp(norm(h)) */
+void md_layer(const md_step_t *s, const md_layer_t *L, float *h) {
+    int N = s->N, H = s->H, D = s->D, nh = s->nh, nkv = s->nkv, I = s->I;
+    int nq = (nh + 2 * nkv) * D;
+    double t0 = g_prof ? now() : 0;
+    md_rmsnorm(h, H, N, L->ln1, H, s->eps, s->x, H);
+    TICK(0, t0);
+    md_matmul(s->x, H, N, H, L->wqkv, nq, L->bqkv, s->qkv, nq);
+    TICK(1, t0);
+    for (int n = 0; n < N; n++) {
+        float *q = s->qkv + (long)n * nq;
+        for (int hd = 0; hd < nh + nkv; hd++) { /* q heads, then k heads */
+            float *v = q + hd * D;
+            const float *w = hd < nh ? L->qnorm : L->knorm;
+            if (w) rmsnorm(v, w, D, s->eps, v);
+            rope(v, s->cos + (long)n * D, s->sin + (long)n * D, D);
+        }
+        long sl = slot(s, s->row[n], s->pos[n]) * nkv * D;
+        memcpy(L->kc + sl, q + nh * D, nkv * D * sizeof(float));
+        memcpy(L->vc + sl, q + (nh + nkv) * D, nkv * D * sizeof(float));
+    }
+    TICK(2, t0);
+    for (int n = 0; n < N; n++)
+        for (int hd = 0; hd < nh; hd++)
+            attend(s, L, n, s->qkv + (long)n * nq + hd * D, hd / (nh / nkv), s->att + ((long)n * nh + hd) * D);
+    TICK(3, t0);
+    md_matmul(s->att, nh * D, N, nh * D, L->wo, H, L->bo, s->tmp, H);
+    for (long i = 0; i < (long)N * H; i++) h[i] += s->tmp[i];
+    TICK(1, t0);
+    md_rmsnorm(h, H, N, L->ln2, H, s->eps, s->x, H);
+    TICK(0, t0);
+    md_matmul(s->x, H, N, H, L->wgu, 2 * I, NULL, s->act, 2 * I);
+    TICK(4, t0);
+    for (int n = 0; n < N; n++) { /* silu(gate) * up, into the gate half */
+        float *g = s->act + (long)n * 2 * I, *u = g + I;
+        for (int i = 0; i < I; i++) g[i] = g[i] / (1.0f + md_expf(-g[i])) * u[i];
+    }
+    TICK(5, t0);
+    md_matmul(s->act, 2 * I, N, I, L->wdown, H, NULL, s->tmp, H);
+    for (long i = 0; i < (long)N * H; i++) h[i] += s->tmp[i];
+    TICK(4, t0);
+}
