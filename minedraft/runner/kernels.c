@@ -2,8 +2,9 @@
  *
  * Every result here is a function of its own row alone, computed by one fixed sequence of IEEE operations,
  * so a row's bits do not depend on how many other rows or tokens share the call, nor on the instruction set:
- *   - matmul: each output element is one chain acc = fma(x[k], w[k][n], acc) over k = 0..K-1 from 0; vectors
- *     only run several columns (and rows) side by side, never split k;
+ *   - matmul: each output element sums k in fixed blocks of KB: within a block one chain acc = fma(x[k],
+ *     w[k][n], acc) from 0, then the block sums added in order; vectors only run several columns (and rows) side
+ *     by side, never split k any other way;
  *   - dot products and sums of squares: 8 partial chains (element i feeds chain i % 8, by fma), then added
  *     ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)); AVX2, AVX-512 and plain C all do exactly this;
  *   - exp: our own polynomial built from fmaf, not libm (whose variants may differ by machine).
@@ -25,6 +26,7 @@ typedef __m512 vf;
 #define vload _mm512_loadu_ps
 #define vstore _mm512_storeu_ps
 #define vfma _mm512_fmadd_ps
+#define vadd _mm512_add_ps
 #define vset1 _mm512_set1_ps
 #define vzero _mm512_setzero_ps
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -36,6 +38,7 @@ typedef __m256 vf;
 #define vload _mm256_loadu_ps
 #define vstore _mm256_storeu_ps
 #define vfma _mm256_fmadd_ps
+#define vadd _mm256_add_ps
 #define vset1 _mm256_set1_ps
 #define vzero _mm256_setzero_ps
 #else
@@ -43,6 +46,7 @@ typedef __m256 vf;
 #define VL 8
 #endif
 #define PW (4 * VL) /* panel width: four vectors per row */
+#define KB 64      /* k is summed in fixed blocks of KB (chain within, then block sums in order): less rounding */
 
 static int g_scalar = 0; /* tests: run the plain-C path on the same data */
 static int g_prof = 0;
@@ -68,50 +72,55 @@ static double now(void) {
 
 /* ---------------------------------------------------------------- matmul */
 static void matmul_scalar(const float *x, long ldx, int M, int K, const float *wp, int N, float *y, long ldy) {
-    float acc[PW];
+    float acc[PW], tot[PW];
     for (int p = 0; p * PW < N; p++) {
         const float *w = wp + (long)p * K * PW;
         int nc = N - p * PW < PW ? N - p * PW : PW;
         for (int m = 0; m < M; m++) {
-            for (int c = 0; c < PW; c++) acc[c] = 0.0f;
             const float *xr = x + m * ldx;
-            for (int k = 0; k < K; k++)
-                for (int c = 0; c < PW; c++) acc[c] = fmaf(xr[k], w[(long)k * PW + c], acc[c]);
-            memcpy(y + m * ldy + (long)p * PW, acc, nc * sizeof(float));
+            for (int k0 = 0; k0 < K; k0 += KB) {
+                int k1 = k0 + KB < K ? k0 + KB : K;
+                for (int c = 0; c < PW; c++) acc[c] = 0.0f;
+                for (int k = k0; k < k1; k++)
+                    for (int c = 0; c < PW; c++) acc[c] = fmaf(xr[k], w[(long)k * PW + c], acc[c]);
+                for (int c = 0; c < PW; c++) tot[c] = k0 ? tot[c] + acc[c] : acc[c];
+            }
+            memcpy(y + m * ldy + (long)p * PW, tot, nc * sizeof(float));
         }
     }
 }
 
 #if MD_ISA > 0
-/* R rows x one panel: 4R accumulators live in registers across the whole k loop. */
+/* R rows x one panel: 4R accumulators live in registers through each block of KB k's. */
 static inline __attribute__((always_inline)) void tile(const int R, const float *x, long ldx, int K,
                                                        const float *w, float *y, long ldy, int nc) {
     vf a[RB][4];
+    float t[RB][PW] __attribute__((aligned(64))); /* block sums: in L1, touched once per block */
+    for (int k0 = 0; k0 < K; k0 += KB) {
+        int k1 = k0 + KB < K ? k0 + KB : K;
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) a[r][j] = vzero();
-    for (int k = 0; k < K; k++) {
-        const float *wk = w + (long)k * PW;
-        vf w0 = vload(wk), w1 = vload(wk + VL), w2 = vload(wk + 2 * VL), w3 = vload(wk + 3 * VL);
+            for (int j = 0; j < 4; j++) a[r][j] = vzero();
+        for (int k = k0; k < k1; k++) {
+            const float *wk = w + (long)k * PW;
+            vf w0 = vload(wk), w1 = vload(wk + VL), w2 = vload(wk + 2 * VL), w3 = vload(wk + 3 * VL);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            vf b = vset1(x[r * ldx + k]);
-            a[r][0] = vfma(b, w0, a[r][0]);
-            a[r][1] = vfma(b, w1, a[r][1]);
-            a[r][2] = vfma(b, w2, a[r][2]);
-            a[r][3] = vfma(b, w3, a[r][3]);
+            for (int r = 0; r < R; r++) {
+                vf b = vset1(x[r * ldx + k]);
+                a[r][0] = vfma(b, w0, a[r][0]);
+                a[r][1] = vfma(b, w1, a[r][1]);
+                a[r][2] = vfma(b, w2, a[r][2]);
+                a[r][3] = vfma(b, w3, a[r][3]);
+            }
         }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                vstore(t[r] + j * VL, k0 ? vadd(vload(t[r] + j * VL), a[r][j]) : a[r][j]);
     }
-    for (int r = 0; r < R; r++) {
-        if (nc == PW) {
-            for (int j = 0; j < 4; j++) vstore(y + r * ldy + j * VL, a[r][j]);
-        } else {
-            float tmp[PW];
-            for (int j = 0; j < 4; j++) vstore(tmp + j * VL, a[r][j]);
-            memcpy(y + r * ldy, tmp, nc * sizeof(float));
-        }
-    }
+    for (int r = 0; r < R; r++) memcpy(y + r * ldy, t[r], nc * sizeof(float));
 }
 
 static void matmul_vec(const float *x, long ldx, int M, int K, const float *wp, int N, float *y, long ldy) {
