@@ -126,14 +126,14 @@ class KernelModel:
             self.cos = torch.cat([self.cos, cos[0].float()])
             self.sin = torch.cat([self.sin, sin[0].float()])
 
-    def _scratch(self, n: int, longest: int):
-        if n > self.cap or longest > self.scores.numel():
+    def _scratch(self, n: int, scores: int):
+        if n > self.cap or scores > self.scores.numel():
             self.cap = max(n, 2 * self.cap, 16)
             c, H = self.cap, self.H
             nq = (self.nh + 2 * self.nkv) * self.D
             self.buf = dict(x=torch.empty(c, H), qkv=torch.empty(c, nq), att=torch.empty(c, self.nh * self.D),
                             act=torch.empty(c, 2 * self.I), tmp=torch.empty(c, H),
-                            scores=torch.empty(max(longest, 2 * self.scores.numel(), 1024)))
+                            scores=torch.empty(max(scores, 2 * self.scores.numel(), 1024)))
             self.scores = self.buf["scores"]
             for k, v in self.buf.items():
                 setattr(self.step, k, v.data_ptr())
@@ -176,7 +176,7 @@ class KernelModel:
             ids = r.in_map[ids]
         self._rotary(max(totals))
         cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
-        self._scratch(N, max(totals))
+        self._scratch(N, max(totals) * (self.nh // self.nkv))
         h = r.embed.weight.detach().index_select(0, ids)
         if self.fc is not None:
             f = torch.cat(features).to(torch.float32)

@@ -168,6 +168,12 @@ static float dot(const float *a, const float *b, int n) {
     if (!g_scalar) {
         __m256 v = _mm256_setzero_ps();
         for (; i + 8 <= n; i += 8) v = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), v);
+        if (i == n) { /* combine8 in registers: pairs, then pairs of pairs, then halves */
+            v = _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));
+            v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));
+            v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));
+            return _mm256_cvtss_f32(v);
+        }
         _mm256_storeu_ps(c, v);
     }
 #endif
@@ -208,7 +214,58 @@ static float md_expf(float x) {
     return p * s1.f * s2.f;
 }
 
-void md_exp(const float *x, float *y, long n) { for (long i = 0; i < n; i++) y[i] = md_expf(x[i]); }
+#if MD_ISA > 0
+/* md_expf on 8 lanes, step for step (the same roundings, so the same bits) */
+static inline __m256 expf8(__m256 x) {
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_cvttps_epi32(n);
+    __m256i e1 = _mm256_srai_epi32(_mm256_add_epi32(e, _mm256_srli_epi32(e, 31)), 1); /* e / 2, toward 0 */
+    __m256i e2 = _mm256_sub_epi32(e, e1), bias = _mm256_set1_epi32(127);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e1, bias), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e2, bias), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-103.0f), _CMP_LT_OQ));
+    return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(88.7f), _CMP_GT_OQ));
+}
+#endif
+
+/* y = exp(x - shift), elementwise */
+static void exp_shifted(const float *x, float shift, float *y, long n) {
+    long i = 0;
+#if MD_ISA > 0
+    if (!g_scalar)
+        for (__m256 sh = _mm256_set1_ps(shift); i + 8 <= n; i += 8)
+            _mm256_storeu_ps(y + i, expf8(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh)));
+#endif
+    for (; i < n; i++) y[i] = md_expf(x[i] - shift);
+}
+
+void md_exp(const float *x, float *y, long n) { exp_shifted(x, 0.0f, y, n); }
+
+/* g = silu(g) * u = g / (1 + exp(-g)) * u */
+static void silu_mul(float *g, const float *u, int n) {
+    int i = 0;
+#if MD_ISA > 0
+    if (!g_scalar)
+        for (__m256 one = _mm256_set1_ps(1.0f); i + 8 <= n; i += 8) {
+            __m256 x = _mm256_loadu_ps(g + i);
+            __m256 e = expf8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+        }
+#endif
+    for (; i < n; i++) g[i] = g[i] / (1.0f + md_expf(-g[i])) * u[i];
+}
 
 /* ---------------------------------------------------------------- one decoder layer */
 typedef struct {
@@ -229,7 +286,7 @@ typedef struct {
     const int32_t *row, *pos;     /* [N] each token's sequence (row of tables) and position */
     const int32_t *tables;        /* [rows, nblocks] block tables */
     int nblocks, block_size;
-    float *x, *qkv, *att, *act, *tmp, *scores; /* scratch: [N,H] [N,(nh+2nkv)D] [N,nh D] [N,2I] [N,H] [max len] */
+    float *x, *qkv, *att, *act, *tmp, *scores; /* scratch: [N,H] [N,(nh+2nkv)D] [N,nh D] [N,2I] [N,H] [nh/nkv x max len] */
 } md_step_t;
 
 static inline long slot(const md_step_t *s, int row, int p) {
@@ -246,36 +303,42 @@ static void rope(float *v, const float *cos, const float *sin, int D) {
     }
 }
 
-/* out[d] = sum_j e_j v_j[d] / sum_j e_j over this query's own keys, j ascending */
-static void attend(const md_step_t *s, const md_layer_t *L, int n, const float *q, int kvh, float *out) {
+/* For each of the G query heads q[i] sharing kv head kvh: out_i[d] = sum_j e_ij v_j[d] / sum_j e_ij over this
+ * query's own keys j ascending, e_ij = exp(s_ij - max_j s_ij), s_ij = dot(q_i, k_j) * scale. */
+static void attend(const md_step_t *s, const md_layer_t *L, int n, const float *q, int G, int kvh, float *out) {
     int D = s->D, p = s->pos[n], row = s->row[n], stride = s->nkv * D;
-    int lo = L->window > 0 && p - L->window + 1 > 0 ? p - L->window + 1 : 0;
-    float *sc = s->scores, mx = -INFINITY;
+    int lo = L->window > 0 && p - L->window + 1 > 0 ? p - L->window + 1 : 0, len = p - lo + 1;
+    float *sc = s->scores;
     for (int j = lo; j <= p; j++) {
-        float v = dot(q, L->kc + slot(s, row, j) * stride + kvh * D, D) * s->scale;
-        sc[j - lo] = v;
-        mx = v > mx ? v : mx;
+        const float *k = L->kc + slot(s, row, j) * stride + kvh * D;
+        for (int i = 0; i < G; i++) sc[i * len + j - lo] = dot(q + i * D, k, D) * s->scale;
     }
-    float sum = 0.0f;
-    for (int j = lo; j <= p; j++) {
-        sc[j - lo] = md_expf(sc[j - lo] - mx);
-        sum += sc[j - lo];
+    float sum[G];
+    for (int i = 0; i < G; i++) {
+        float *si = sc + i * len, mx = -INFINITY;
+        for (int j = 0; j < len; j++) mx = si[j] > mx ? si[j] : mx;
+        exp_shifted(si, mx, si, len);
+        sum[i] = 0.0f;
+        for (int j = 0; j < len; j++) sum[i] += si[j];
     }
-    for (int d = 0; d < D; d++) out[d] = 0.0f;
+    for (int d = 0; d < G * D; d++) out[d] = 0.0f;
     for (int j = lo; j <= p; j++) {
         const float *v = L->vc + slot(s, row, j) * stride + kvh * D;
-        float e = sc[j - lo];
-        int d = 0;
+        for (int i = 0; i < G; i++) {
+            float e = sc[i * len + j - lo], *o = out + i * D;
+            int d = 0;
 #if MD_ISA > 0
-        if (!g_scalar) {
-            __m256 eb = _mm256_set1_ps(e);
-            for (; d + 8 <= D; d += 8)
-                _mm256_storeu_ps(out + d, _mm256_fmadd_ps(eb, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
-        }
+            if (!g_scalar) {
+                __m256 eb = _mm256_set1_ps(e);
+                for (; d + 8 <= D; d += 8)
+                    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(eb, _mm256_loadu_ps(v + d), _mm256_loadu_ps(o + d)));
+            }
 #endif
-        for (; d < D; d++) out[d] = fmaf(e, v[d], out[d]);
+            for (; d < D; d++) o[d] = fmaf(e, v[d], o[d]);
+        }
     }
-    for (int d = 0; d < D; d++) out[d] = out[d] / sum;
+    for (int i = 0; i < G; i++)
+        for (int d = 0; d < D; d++) out[i * D + d] = out[i * D + d] / sum[i];
 }
 
 /* h[N, H] += attention(norm(h)); h += mlp(norm(h)) */
@@ -300,9 +363,10 @@ void md_layer(const md_step_t *s, const md_layer_t *L, float *h) {
         memcpy(L->vc + sl, q + (nh + nkv) * D, nkv * D * sizeof(float));
     }
     TICK(2, t0);
+    int G = nh / nkv; /* query heads per kv head: consecutive, as transformers' repeat_kv groups them */
     for (int n = 0; n < N; n++)
-        for (int hd = 0; hd < nh; hd++)
-            attend(s, L, n, s->qkv + (long)n * nq + hd * D, hd / (nh / nkv), s->att + ((long)n * nh + hd) * D);
+        for (int g = 0; g < nkv; g++)
+            attend(s, L, n, s->qkv + (long)n * nq + g * G * D, G, g, s->att + ((long)n * nh + g * G) * D);
     TICK(3, t0);
     md_matmul(s->att, nh * D, N, nh * D, L->wo, H, L->bo, s->tmp, H);
     for (long i = 0; i < (long)N * H; i++) h[i] += s->tmp[i];
@@ -311,10 +375,8 @@ void md_layer(const md_step_t *s, const md_layer_t *L, float *h) {
     TICK(0, t0);
     md_matmul(s->x, H, N, H, L->wgu, 2 * I, NULL, s->act, 2 * I);
     TICK(4, t0);
-    for (int n = 0; n < N; n++) { /* silu(gate) * up, into the gate half */
-        float *g = s->act + (long)n * 2 * I, *u = g + I;
-        for (int i = 0; i < I; i++) g[i] = g[i] / (1.0f + md_expf(-g[i])) * u[i];
-    }
+    for (int n = 0; n < N; n++) /* silu(gate) * up, into the gate half */
+        silu_mul(s->act + (long)n * 2 * I, s->act + (long)n * 2 * I + I, I);
     TICK(5, t0);
     md_matmul(s->act, 2 * I, N, I, L->wdown, H, NULL, s->tmp, H);
     for (long i = 0; i < (long)N * H; i++) h[i] += s->tmp[i];
