@@ -15,6 +15,9 @@ total and its parts:
 * sampling: a softmax and an argmax over the step's logits (what a sampler does at least once per logit row);
 * other: the rest of the step (Python, planning, cache bookkeeping, embedding, copies).
 
+Times are this thread's CPU time (time.thread_time, and the kernels' counters likewise) unless --clock wall:
+on a box shared with other work, time spent waiting for a core is not the runner's. Memory stalls still count.
+
 The floor is the step's weight bytes (each parameter read once; the embedding counted once when it is also the
 head) over this thread's read bandwidth, measured here by summing a 512 MiB tensor (and copying one, shown for
 reference). A loaded box gives noisy absolute figures: compare the two paths, which alternate.
@@ -33,6 +36,8 @@ import torch.nn.functional as F
 from minedraft.config import DEFAULT_TARGET
 from minedraft.workers.model_runner import ModelRunner, load_causal_lm
 
+clock = time.thread_time  # --clock wall: time.perf_counter
+
 PARTS = ["projections", "attention", "MLP", "norms", "LM head", "sampling", "other"]
 C_PARTS = {0: "norms", 1: "projections", 2: "attention", 3: "attention", 4: "MLP", 5: "MLP"}  # kernels.c TICK ids
 
@@ -43,12 +48,12 @@ def bandwidth(mib: int = 512, repeats: int = 5) -> tuple[float, float]:
     b = torch.empty_like(a)
     reads, copies = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = clock()
         a.sum()
-        reads.append(time.perf_counter() - t)
-        t = time.perf_counter()
+        reads.append(clock() - t)
+        t = clock()
         b.copy_(a)
-        copies.append(time.perf_counter() - t)
+        copies.append(clock() - t)
     n = a.numel() * 4
     return n / min(reads), 2 * n / min(copies)
 
@@ -69,20 +74,20 @@ def prime(runner, B: int, context: int, room: int) -> None:
 
 
 def step(runner, B: int, n: int, context: int) -> tuple[float, torch.Tensor]:
-    t = time.perf_counter()
+    t = clock()
     logits = runner.forward(list(range(B)), [[7] * n for _ in range(B)], n)
-    dt = time.perf_counter() - t
+    dt = clock() - t
     for r in range(B):
         runner.cache.truncate(r, context)
     return dt, logits
 
 
 def sampling_time(logits: torch.Tensor) -> float:
-    t = time.perf_counter()
+    t = clock()
     flat = logits.reshape(-1, logits.shape[-1])
     torch.softmax(flat, -1)
     flat.argmax(-1)
-    return time.perf_counter() - t
+    return clock() - t
 
 
 class TorchParts:
@@ -103,10 +108,10 @@ class TorchParts:
         sdpa = F.scaled_dot_product_attention
 
         def timed_sdpa(*args, **kw):
-            t = time.perf_counter()
+            t = clock()
             out = sdpa(*args, **kw)
             if self.on:
-                self.t["attention"] += time.perf_counter() - t
+                self.t["attention"] += clock() - t
             return out
         F.scaled_dot_product_attention = timed_sdpa
 
@@ -114,10 +119,10 @@ class TorchParts:
         inner = module.forward
 
         def forward(*args, **kw):
-            t = time.perf_counter()
+            t = clock()
             out = inner(*args, **kw)
             if self.on:
-                self.t[part] += time.perf_counter() - t
+                self.t[part] += clock() - t
             return out
         module.forward = forward
 
@@ -133,10 +138,10 @@ class KernelParts:
             inner = getattr(self.k, name)
 
             def call(*args, _inner=inner, _part=part, **kw):
-                t = time.perf_counter()
+                t = clock()
                 out = _inner(*args, **kw)
                 if self.on:
-                    self.t[_part] += time.perf_counter() - t
+                    self.t[_part] += clock() - t
                 return out
             setattr(self.k, name, call)
 
@@ -163,7 +168,11 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--paths", nargs="+", default=["torch", "kernels"], choices=["torch", "kernels"])
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="this thread's CPU time (default; a shared box's other work does not count) or wall time")
     a = ap.parse_args(argv)
+    global clock
+    clock = time.thread_time if a.clock == "cpu" else time.perf_counter
     torch.set_num_threads(1)
     read_bw, copy_bw = bandwidth()
     model = load_causal_lm(a.target)
@@ -180,8 +189,8 @@ def main(argv=None) -> int:
         prime(r, max(a.batches), a.context, room)
         runners[name] = r
         parts[name] = (KernelParts if name == "kernels" else TorchParts)(r)
-    print(f"\nms per step, median of {a.repeats} (alternating paths); parts from separate profiled calls; "
-          f"floor {floor * 1e3:.1f} ms")
+    print(f"\nms per step ({a.clock} time), median of {a.repeats} (alternating paths); parts from separate "
+          f"profiled calls; floor {floor * 1e3:.1f} ms")
     print(f"{'path':8s} {'B':>2s} {'n':>2s} {'total':>7s} {'x floor':>7s} " + " ".join(f"{p:>11s}" for p in PARTS))
     for B in a.batches:
         for n in a.tokens:
