@@ -46,6 +46,8 @@ typedef __m256 vf;
 #define VL 8
 #endif
 #define PW (4 * VL) /* panel width: four vectors per row */
+#define PF_AHEAD 32 /* prefetch the weights this many k ahead: with rows to compute, the hardware's own prefetch
+                      * fell behind (one core, 30 MLP matmuls at 5 rows: 1.36x the 1-row time, 1.0x with it) */
 #define KB 64      /* k is summed in fixed blocks of KB (chain within, then block sums in order): less rounding */
 
 static int g_scalar = 0; /* tests: run the plain-C path on the same data */
@@ -104,6 +106,7 @@ static inline __attribute__((always_inline)) void tile(const int R, const float 
             for (int j = 0; j < 4; j++) a[r][j] = vzero();
         for (int k = k0; k < k1; k++) {
             const float *wk = w + (long)k * PW;
+            for (int l = 0; l < PW; l += 16) _mm_prefetch((const char *)(wk + PF_AHEAD * PW + l), _MM_HINT_T0);
             vf w0 = vload(wk), w1 = vload(wk + VL), w2 = vload(wk + 2 * VL), w3 = vload(wk + 3 * VL);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
