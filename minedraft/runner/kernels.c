@@ -306,14 +306,21 @@ static void rope(float *v, const float *cos, const float *sin, int D) {
     }
 }
 
+/* The cache rows of positions lo..p of a sequence, walked block by block (no division per key). */
+#define FOR_KEYS(s, row, lo, p, j, base)                                                                     \
+    for (int j = (lo), b_ = (lo) / (s)->block_size, o_ = (lo) % (s)->block_size; j <= (p); j++)           \
+        for (long base = ((long)(s)->tables[(long)(row) * (s)->nblocks + b_] * (s)->block_size + o_), once_ = 1; \
+             once_; once_ = 0, ++o_ == (s)->block_size ? (o_ = 0, b_++) : 0)
+
 /* For each of the G query heads q[i] sharing kv head kvh: out_i[d] = sum_j e_ij v_j[d] / sum_j e_ij over this
  * query's own keys j ascending, e_ij = exp(s_ij - max_j s_ij), s_ij = dot(q_i, k_j) * scale. */
 static void attend(const md_step_t *s, const md_layer_t *L, int n, const float *q, int G, int kvh, float *out) {
     int D = s->D, p = s->pos[n], row = s->row[n], stride = s->nkv * D;
     int lo = L->window > 0 && p - L->window + 1 > 0 ? p - L->window + 1 : 0, len = p - lo + 1;
     float *sc = s->scores;
-    for (int j = lo; j <= p; j++) {
-        const float *k = L->kc + slot(s, row, j) * stride + kvh * D;
+    const float *kc = L->kc + kvh * D, *vc = L->vc + kvh * D;
+    FOR_KEYS(s, row, lo, p, j, sl) {
+        const float *k = kc + sl * stride;
         for (int i = 0; i < G; i++) sc[i * len + j - lo] = dot(q + i * D, k, D) * s->scale;
     }
     float sum[G];
@@ -324,21 +331,31 @@ static void attend(const md_step_t *s, const md_layer_t *L, int n, const float *
         sum[i] = 0.0f;
         for (int j = 0; j < len; j++) sum[i] += si[j];
     }
-    for (int d = 0; d < G * D; d++) out[d] = 0.0f;
-    for (int j = lo; j <= p; j++) {
-        const float *v = L->vc + slot(s, row, j) * stride + kvh * D;
-        for (int i = 0; i < G; i++) {
-            float e = sc[i * len + j - lo], *o = out + i * D;
-            int d = 0;
+    int d0 = 0;
 #if MD_ISA > 0
-            if (!g_scalar) {
-                __m256 eb = _mm256_set1_ps(e);
-                for (; d + 8 <= D; d += 8)
-                    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(eb, _mm256_loadu_ps(v + d), _mm256_loadu_ps(o + d)));
+    if (!g_scalar) /* 64 lanes of d at a time held in registers over all keys; each lane's chain is j ascending */
+        for (; d0 + 64 <= D; d0 += 64)
+            for (int i = 0; i < G; i++) {
+                __m256 a[8];
+                for (int t = 0; t < 8; t++) a[t] = _mm256_setzero_ps();
+                const float *e = sc + i * len;
+                FOR_KEYS(s, row, lo, p, j, sl) {
+                    const float *v = vc + sl * stride + d0;
+                    __m256 eb = _mm256_set1_ps(e[j - lo]);
+                    for (int t = 0; t < 8; t++) a[t] = _mm256_fmadd_ps(eb, _mm256_loadu_ps(v + 8 * t), a[t]);
+                }
+                for (int t = 0; t < 8; t++) _mm256_storeu_ps(out + i * D + d0 + 8 * t, a[t]);
             }
 #endif
-            for (; d < D; d++) o[d] = fmaf(e, v[d], o[d]);
-        }
+    for (int i = 0; i < G; i++) {
+        float *o = out + i * D;
+        const float *e = sc + i * len;
+        for (int d = d0; d < D; d++) o[d] = 0.0f;
+        if (d0 < D)
+            FOR_KEYS(s, row, lo, p, j, sl) {
+                const float *v = vc + sl * stride;
+                for (int d = d0; d < D; d++) o[d] = fmaf(e[j - lo], v[d], o[d]);
+            }
     }
     for (int i = 0; i < G; i++)
         for (int d = 0; d < D; d++) out[i * D + d] = out[i * D + d] / sum[i];
