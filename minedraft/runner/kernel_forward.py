@@ -176,7 +176,7 @@ class KernelModel:
             ids = r.in_map[ids]
         self._rotary(max(totals))
         cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
-        self._scratch(N, max(totals) * (self.nh // self.nkv))
+        self._scratch(N, max(totals) * self.nh)
         h = r.embed.weight.detach().index_select(0, ids)
         if self.fc is not None:
             f = torch.cat(features).to(torch.float32)

@@ -48,6 +48,7 @@ typedef __m256 vf;
 #define PW (4 * VL) /* panel width: four vectors per row */
 #define PF_AHEAD 32 /* prefetch the weights this many k ahead: with rows to compute, the hardware's own prefetch
                       * fell behind (one core, 30 MLP matmuls at 5 rows: 1.36x the 1-row time, 1.0x with it) */
+#define KEYS_AHEAD 4 /* attention prefetches the cache rows of the key this far ahead (within a block) */
 #define KB 64      /* k is summed in fixed blocks of KB (chain within, then block sums in order): less rounding */
 
 static int g_scalar = 0; /* tests: run the plain-C path on the same data */
@@ -289,7 +290,7 @@ typedef struct {
     const int32_t *row, *pos;     /* [N] each token's sequence (row of tables) and position */
     const int32_t *tables;        /* [rows, nblocks] block tables */
     int nblocks, block_size;
-    float *x, *qkv, *att, *act, *tmp, *scores; /* scratch: [N,H] [N,(nh+2nkv)D] [N,nh D] [N,2I] [N,H] [nh/nkv x max len] */
+    float *x, *qkv, *att, *act, *tmp, *scores; /* scratch: [N,H] [N,(nh+2nkv)D] [N,nh D] [N,2I] [N,H] [nh x max len] */
 } md_step_t;
 
 static inline long slot(const md_step_t *s, int row, int p) {
@@ -312,53 +313,57 @@ static void rope(float *v, const float *cos, const float *sin, int D) {
         for (long base = ((long)(s)->tables[(long)(row) * (s)->nblocks + b_] * (s)->block_size + o_), once_ = 1; \
              once_; once_ = 0, ++o_ == (s)->block_size ? (o_ = 0, b_++) : 0)
 
-/* For each of the G query heads q[i] sharing kv head kvh: out_i[d] = sum_j e_ij v_j[d] / sum_j e_ij over this
- * query's own keys j ascending, e_ij = exp(s_ij - max_j s_ij), s_ij = dot(q_i, k_j) * scale. */
-static void attend(const md_step_t *s, const md_layer_t *L, int n, const float *q, int G, int kvh, float *out) {
-    int D = s->D, p = s->pos[n], row = s->row[n], stride = s->nkv * D;
+/* Attention of one query token, every head: out_h[d] = sum_j e_hj v_j[d] / sum_j e_hj over the token's own keys j
+ * ascending, e_hj = exp(s_hj - max_j s_hj), s_hj = dot(q_h, k_j) * scale; query head h reads kv head h / G.
+ * Keys are walked once for all heads (a cache row holds every kv head: contiguous reads). */
+static void attend(const md_step_t *s, const md_layer_t *L, int n, const float *q, float *out) {
+    int D = s->D, nh = s->nh, G = s->nh / s->nkv, p = s->pos[n], row = s->row[n], stride = s->nkv * D;
     int lo = L->window > 0 && p - L->window + 1 > 0 ? p - L->window + 1 : 0, len = p - lo + 1;
     float *sc = s->scores;
-    const float *kc = L->kc + kvh * D, *vc = L->vc + kvh * D;
     FOR_KEYS(s, row, lo, p, j, sl) {
-        const float *k = kc + sl * stride;
-        for (int i = 0; i < G; i++) sc[i * len + j - lo] = dot(q + i * D, k, D) * s->scale;
+        const float *k = L->kc + sl * stride;
+        if (j + KEYS_AHEAD <= p && (sl % s->block_size) + KEYS_AHEAD < s->block_size) /* same block: contiguous */
+            for (int l = 0; l < stride; l += 16) {
+                __builtin_prefetch(k + KEYS_AHEAD * stride + l);
+                __builtin_prefetch(L->vc + (sl + KEYS_AHEAD) * stride + l);
+            }
+        for (int h = 0; h < nh; h++) sc[h * len + j - lo] = dot(q + h * D, k + (h / G) * D, D) * s->scale;
     }
-    float sum[G];
-    for (int i = 0; i < G; i++) {
-        float *si = sc + i * len, mx = -INFINITY;
-        for (int j = 0; j < len; j++) mx = si[j] > mx ? si[j] : mx;
-        exp_shifted(si, mx, si, len);
-        sum[i] = 0.0f;
-        for (int j = 0; j < len; j++) sum[i] += si[j];
+    float sum[nh];
+    for (int h = 0; h < nh; h++) {
+        float *sh = sc + h * len, mx = -INFINITY;
+        for (int j = 0; j < len; j++) mx = sh[j] > mx ? sh[j] : mx;
+        exp_shifted(sh, mx, sh, len);
+        sum[h] = 0.0f;
+        for (int j = 0; j < len; j++) sum[h] += sh[j];
     }
     int d0 = 0;
 #if MD_ISA > 0
     if (!g_scalar) /* 64 lanes of d at a time held in registers over all keys; each lane's chain is j ascending */
         for (; d0 + 64 <= D; d0 += 64)
-            for (int i = 0; i < G; i++) {
+            for (int h = 0; h < nh; h++) {
                 __m256 a[8];
                 for (int t = 0; t < 8; t++) a[t] = _mm256_setzero_ps();
-                const float *e = sc + i * len;
+                const float *e = sc + h * len, *vh = L->vc + (h / G) * D + d0;
                 FOR_KEYS(s, row, lo, p, j, sl) {
-                    const float *v = vc + sl * stride + d0;
+                    const float *v = vh + sl * stride;
                     __m256 eb = _mm256_set1_ps(e[j - lo]);
                     for (int t = 0; t < 8; t++) a[t] = _mm256_fmadd_ps(eb, _mm256_loadu_ps(v + 8 * t), a[t]);
                 }
-                for (int t = 0; t < 8; t++) _mm256_storeu_ps(out + i * D + d0 + 8 * t, a[t]);
+                for (int t = 0; t < 8; t++) _mm256_storeu_ps(out + h * D + d0 + 8 * t, a[t]);
             }
 #endif
-    for (int i = 0; i < G; i++) {
-        float *o = out + i * D;
-        const float *e = sc + i * len;
+    for (int h = 0; h < nh; h++) {
+        float *o = out + h * D;
+        const float *e = sc + h * len, *vh = L->vc + (h / G) * D;
         for (int d = d0; d < D; d++) o[d] = 0.0f;
         if (d0 < D)
             FOR_KEYS(s, row, lo, p, j, sl) {
-                const float *v = vc + sl * stride;
+                const float *v = vh + sl * stride;
                 for (int d = d0; d < D; d++) o[d] = fmaf(e[j - lo], v[d], o[d]);
             }
+        for (int d = 0; d < D; d++) o[d] = o[d] / sum[h];
     }
-    for (int i = 0; i < G; i++)
-        for (int d = 0; d < D; d++) out[i * D + d] = out[i * D + d] / sum[i];
 }
 
 /* h[N, H] += attention(norm(h)); h += mlp(norm(h)) */
@@ -383,10 +388,8 @@ void md_layer(const md_step_t *s, const md_layer_t *L, float *h) {
         memcpy(L->vc + sl, q + (nh + nkv) * D, nkv * D * sizeof(float));
     }
     TICK(2, t0);
-    int G = nh / nkv; /* query heads per kv head: consecutive, as transformers' repeat_kv groups them */
-    for (int n = 0; n < N; n++)
-        for (int g = 0; g < nkv; g++)
-            attend(s, L, n, s->qkv + (long)n * nq + g * G * D, G, g, s->att + ((long)n * nh + g * G) * D);
+    for (int n = 0; n < N; n++) /* query head h reads kv head h / G, as transformers' repeat_kv pairs them */
+        attend(s, L, n, s->qkv + (long)n * nq, s->att + (long)n * nh * D);
     TICK(3, t0);
     md_matmul(s->att, nh * D, N, nh * D, L->wo, H, L->bo, s->tmp, H);
     for (long i = 0; i < (long)N * H; i++) h[i] += s->tmp[i];
