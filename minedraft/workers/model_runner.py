@@ -3,6 +3,8 @@
 The weights and the small modules (embeddings, norms, MLPs, rotary embedding) come from a Hugging Face
 model loaded with `from_pretrained(local_path)`; only attention is ours, so that it reads and writes the
 paged cache. That covers the Llama family (Llama, Mistral, Qwen2, Qwen3: same block layout).
+In float32 on a CPU the forward runs through the C kernels instead (runner/kernel_forward.py: batch-invariant,
+one weight stream per step); the torch path below serves every other case, and `kernels=False`.
 """
 
 from __future__ import annotations
