@@ -3,6 +3,8 @@
 The weights and the small modules (embeddings, norms, MLPs, rotary embedding) come from a Hugging Face
 model loaded with `from_pretrained(local_path)`; only attention is ours, so that it reads and writes the
 paged cache. That covers the Llama family (Llama, Mistral, Qwen2, Qwen3: same block layout).
+In float32 on a CPU the forward runs through the C kernels instead (runner/kernel_forward.py: batch-invariant,
+one weight stream per step); the torch path below serves every other case, and `kernels=False`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from transformers.utils import logging as hf_logging
 
 from ..sampling.batch_sampling import take_rows
 from ..cache import PagedKVCache
+from ..runner.kernel_forward import KernelModel, unsupported
+from ..runner.kernels import try_load
 
 try:  # location is stable across transformers 4.4x and 5.x
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -123,7 +127,11 @@ class _Plan:
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache_tokens: int, block_size: int = 16, vocab_map=None, feature_fc=None):
+    def __init__(self, model, kv_cache_tokens: int, block_size: int = 16, vocab_map=None, feature_fc=None,
+                 kernels: bool | None = None):
+        """kernels: run the forward through the C kernels (runner/kernel_forward.py: batch-invariant, one weight
+        stream per step) where the model allows; False keeps the torch path; None (default) follows the
+        environment variable MINEDRAFT_KERNELS (0 = off)."""
         self.model = model
         self.fc = feature_fc  # set: a feature-conditioned draft; forward then needs each token's target feature
         cfg = model.config
@@ -151,7 +159,13 @@ class ModelRunner:
         self.cache = PagedKVCache(cfg.num_hidden_layers, self.num_kv_heads, self.head_dim, kv_cache_tokens,
                                   block_size, self.dtype, self.device)
         self.state_store: torch.Tensor | None = None  # see keep_states
-        if self.device.type == "cpu" and self.dtype == torch.float32:
+        self.kernels = None
+        if kernels is None:
+            kernels = os.environ.get("MINEDRAFT_KERNELS", "1") != "0"
+        if kernels and unsupported(self) is None:
+            lib = try_load()
+            self.kernels = KernelModel(self, lib) if lib is not None else None
+        if self.kernels is None and self.device.type == "cpu" and self.dtype == torch.float32:
             for m in model.modules():
                 if type(m) is torch.nn.Linear:
                     pad_three_rows(m)
@@ -167,10 +181,10 @@ class ModelRunner:
 
     @classmethod
     def from_pretrained(cls, path: str, kv_cache_tokens: int, block_size: int = 16, device="cpu",
-                        dtype="float32") -> "ModelRunner":
+                        dtype="float32", kernels: bool | None = None) -> "ModelRunner":
         model = load_causal_lm(path, device, dtype)
         return cls(model, kv_cache_tokens, block_size, load_vocab_map(path),
-                   load_feature_fc(path, device, next(model.parameters()).dtype))
+                   load_feature_fc(path, device, next(model.parameters()).dtype), kernels)
 
     @property
     def hidden_size(self) -> int:
@@ -245,7 +259,9 @@ class ModelRunner:
         for i in order + [None]:
             # short rows (decodes, ragged drafts) always share a group: with token-wise work packed, their
             # padding costs only attention; a long prefill goes apart so decode rows do not pay for it
-            if i is not None and (not group or len(token_lists[i]) <= max(2 * len(token_lists[group[0]]) + 4, 16)):
+            # (the kernels pad nothing: one group streams the weights once)
+            if i is not None and (not group or self.kernels is not None
+                                  or len(token_lists[i]) <= max(2 * len(token_lists[group[0]]) + 4, 16)):
                 group.append(i)
                 continue
             rows, idx, hs = self._forward_group([seq_ids[j] for j in group], [token_lists[j] for j in group],
@@ -271,6 +287,8 @@ class ModelRunner:
         rows with fewer new tokens (ragged Tetris drafts, decodes beside a prefill) cost only their tokens.
         Attention runs padded, [B, heads, T, S], against the paged cache. Returns (logit rows [M, V], index
         [B, num_logits] into them, the final-norm states per row or None)."""
+        if self.kernels is not None:
+            return self.kernels.forward_group(seq_ids, token_lists, num_logits, features, hidden)
         p = self._plan(seq_ids, token_lists, num_logits)
         B, T = p.input_ids.shape
         real = p.real_rows
