@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import uuid
 from typing import AsyncIterator
@@ -58,13 +59,21 @@ def _hidden_size(model_dir: str) -> int:
         return int(json.load(f)["hidden_size"])
 
 
+# transformers imports its classes lazily, and two threads resolving the same lazy name at once make one of them
+# fail ("cannot import name 'AutoConfig'"): engines started concurrently in one process (each runs this in an
+# executor thread) take turns here, and the heavy modules the event loop imports later are loaded here first
+_IMPORT_LOCK = threading.Lock()
+
+
 def _load_tokenizer_and_meta(cfg: EngineConfig):
     """Check both model directories here, before spawning (shapes that do not split over the tensor-parallel ranks
     included), and load the target's tokenizer."""
     from ..models.check import check_pair
-    return check_pair(cfg.target, cfg.draft_model or cfg.target,
-                      need_draft=cfg.speculative and cfg.draft_model is not None, target_tp=cfg.target_tp,
-                      draft_tp=cfg.draft_tp)
+    with _IMPORT_LOCK:
+        from ..workers import model_runner, tp_workers  # noqa: F401 - loaded once, under the lock
+        return check_pair(cfg.target, cfg.draft_model or cfg.target,
+                          need_draft=cfg.speculative and cfg.draft_model is not None, target_tp=cfg.target_tp,
+                          draft_tp=cfg.draft_tp)
 
 
 def _start_without_sigint(procs) -> None:
