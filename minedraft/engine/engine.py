@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import multiprocessing as mp
 import os
 import shutil
@@ -33,9 +34,12 @@ from ..ipc.tensors import create_shm, destroy_shm, feature_slot_nbytes, slot_nby
 from ..outputs import GenerationResult, StreamDelta
 from ..sampling_params import SamplingParams, as_params
 from .step_stats import StepStats
+from .worker_exit import describe_exit
 from ..cache.admission import prefix_stats
 from ..workers.drafter_process import drafter_main
 from ..workers.verifier_process import verifier_main
+
+log = logging.getLogger("minedraft.engine")
 
 WATCH_S = 0.1
 STOP_GRACE_S = 5.0   # how long a stopped worker may take to exit before it is killed
@@ -76,6 +80,12 @@ def _load_tokenizer_and_meta(cfg: EngineConfig):
                           draft_tp=cfg.draft_tp)
 
 
+def _last_line(err: Exception) -> str:
+    """A worker's reported traceback ends with the exception itself: that line, after the first."""
+    lines = [x.strip() for x in str(err).strip().splitlines()]
+    return f" ({lines[-1]})" if len(lines) > 1 else ""
+
+
 def _start_without_sigint(procs) -> None:
     """Start the worker processes with SIGINT blocked, so they inherit it blocked: a Ctrl-C, which the terminal
     sends to the whole process group, reaches only the parent, which then stops them in order. The parent's own
@@ -112,6 +122,8 @@ class Engine:
         self.tokenizer = None
         self.adaptive = None
         self.step_stats: StepStats | None = None
+        # set when a worker dies or hangs while the engine runs (not on shutdown): servers wait on it to exit
+        self.died = asyncio.Event()
 
     @classmethod
     async def start(cls, config: EngineConfig | None = None, **kw) -> "Engine":
@@ -200,7 +212,7 @@ class Engine:
             dead = [p for p in self.procs if p.exitcode is not None]
             if not sched.dead and dead:
                 p = dead[0]
-                sched.fail(EngineDeadError(f"worker {p.name} died (exit code {p.exitcode})"))
+                sched.fail(EngineDeadError(describe_exit(p.name, p.pid, p.exitcode)))
             elif not sched.dead and not stalled:
                 hung = sched.hung_worker(self.config.heartbeat_timeout_s)
                 if hung:
@@ -208,6 +220,9 @@ class Engine:
                     p = next((q for q in self.procs if q.name == f"minedraft-{who}"), self.procs[0])
                     sched.fail(EngineDeadError(f"worker {p.name} (pid {p.pid}) is hung: {why}"))
             if sched.dead:
+                # one line for the operator's log (the requests' own errors go to their clients only)
+                log.error("engine dead: %s", " ".join(str(sched.dead).split("\n")[:1]) + _last_line(sched.dead))
+                self.died.set()
                 await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, 0.0)
                 self._cleanup_shm()
                 return
