@@ -26,7 +26,8 @@ def cmd_serve(a) -> int:
     try:
         check_bind(a.bind, a.allow_remote)  # before anything slow
         cfg = EngineConfig(**_engine_kw(a), max_tokens_limit=a.max_tokens_limit, max_batch_size=a.max_batch_size,
-                           kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue)
+                           kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue,
+                           kv_cache_memory_fraction=a.kv_cache_memory_fraction)
     except (BindError, ValueError) as e:
         return _fail(_name_options(str(e)))
     _quiet_libraries()
@@ -68,7 +69,8 @@ def _serve_http(a) -> int:
         if a.bind is not None:
             check_bind(a.bind, a.allow_remote)
         cfg = EngineConfig(**_engine_kw(a), max_tokens_limit=a.max_tokens_limit, max_batch_size=a.max_batch_size,
-                           kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue)
+                           kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue,
+                           kv_cache_memory_fraction=a.kv_cache_memory_fraction)
     except (HTTPBindError, BindError, ValueError) as e:
         return _fail(str(e))
     _quiet_libraries()

@@ -190,6 +190,8 @@ class Engine:
             await self.shutdown()  # also when spawning itself failed: the shared memory must not leak
             raise
         self._ready = True
+        if cfg.sizing is not None:
+            log.info(cfg.sizing.summary(cfg.kv_cache_memory_fraction))
         if cfg.adaptive_k and k:
             from .dynamic import DynamicSpeculation
             dyn = DynamicSpeculation(cfg, self.scheduler)
