@@ -393,6 +393,8 @@ def _bench(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Ctrl-C at any moment (imports, engine start-up, streaming) ends with one line and exit status 130; the
     workers never see it (they are spawned with SIGINT blocked) and are stopped by the engine's shutdown."""
+    from ..cores import prefer_passive_wait
+    prefer_passive_wait()  # before torch loads: the bench's in-process baselines and LocalEngine run here
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
         if argv and argv[0] == "bench":  # everything after it belongs to bench, --help included

@@ -27,7 +27,7 @@ from msgspec.structs import replace
 
 from .scheduler import UNGUARDED_MAIN_EXIT, AsyncScheduler
 from ..config import EngineConfig
-from ..cores import resolve as resolve_cores
+from ..cores import resolve as resolve_cores, worker_environment
 from ..errors import EngineDeadError, InvalidRequestError
 from ..ipc.messages import Addresses, WorkerConfig, WorkerSpec
 from ..ipc.tensors import create_shm, destroy_shm, feature_slot_nbytes, slot_nbytes
@@ -94,8 +94,9 @@ def _start_without_sigint(procs) -> None:
     if block:
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        for p in procs:
-            p.start()
+        with worker_environment():  # OpenMP threads that sleep, not spin, while they wait (cores.py)
+            for p in procs:
+                p.start()
     finally:
         if block:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
