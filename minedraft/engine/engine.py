@@ -74,7 +74,8 @@ def _load_tokenizer_and_meta(cfg: EngineConfig):
     included), and load the target's tokenizer."""
     from ..models.check import check_pair
     with _IMPORT_LOCK:
-        from ..workers import model_runner, tp_workers  # noqa: F401 - loaded once, under the lock
+        from ..runner import model_runner  # noqa: F401 - loaded once, under the lock
+        from ..workers import tp_ranks  # noqa: F401
         return check_pair(cfg.target, cfg.draft_model or cfg.target,
                           need_draft=cfg.speculative and cfg.draft_model is not None, target_tp=cfg.target_tp,
                           draft_tp=cfg.draft_tp)
