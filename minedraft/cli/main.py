@@ -234,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-queue", type=_positive_int, default=_default("max_queue"), metavar="N",
                    help="requests waiting for admission; beyond it: overloaded")
     x = v.add_argument_group("process")
+    x.add_argument("--stay-up-on-worker-death", action="store_true",
+                   help="when a worker dies, keep serving (every request then gets engine_dead, HTTP 503) instead "
+                        "of failing the requests in flight and exiting with status 3 for a supervisor to restart")
     x.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="log verbosity (stderr)")
     x.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop instead of uvloop")
