@@ -148,3 +148,25 @@ def format_cores(cores: list[int]) -> str:
         out.append(str(cores[i]) if i == j else f"{cores[i]}-{cores[j]}")
         i = j + 1
     return ",".join(out)
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags (Linux /proc/cpuinfo); None where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def int4_kernel_is_fast() -> bool:
+    """Whether torch's packed int4 CPU matmul beats float32 here: on AVX2-only x86 hosts it is slower (a 930-token
+    prefill matmul 43 ms against 22.6 ms, a one-row matmul 147 us against 121: /work/shared findings, docs/
+    BENCHMARKS.md "Self-drafts"); with AVX-512 it ran at a third of float32's cost. Unknown flags: assume fast."""
+    flags = cpu_flags()
+    if flags is None or "avx2" not in flags:  # not an x86 host we measured (or flags unreadable)
+        return True
+    return "avx512f" in flags

@@ -86,7 +86,7 @@ def _engine_kw(a) -> dict:
         from ..models.hub import resolve_model
         suffix, named = parse_draft(a.draft) if a.draft is not None else (False, None)
         if suffix:  # --draft suffix: no model; suffix+model (the pair's default draft) or suffix+DIR: the hybrid
-            target, model = resolve_model(a.model, None if named in (None, "model") else named)
+            target, model = resolve_model(a.model, None if named in (None, "model") else named, model=True)
             draft = SUFFIX if named is None else f"{SUFFIX}+{model}"
         else:
             target, draft = resolve_model(a.model, a.draft)

@@ -21,6 +21,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cores import int4_kernel_is_fast
+
 PACKAGE_MODELS = Path(__file__).resolve().parent  # the bundled model folders sit beside this module
 DONE = ".minedraft-complete"   # written last: a folder without it is an interrupted pull
 
@@ -77,11 +79,17 @@ def resolve(name: str, root=None) -> tuple[str, str]:
     return str(t), str(d)
 
 
-def default_draft(name: str, root=None) -> str:
-    """The draft --model NAME uses unless --draft says otherwise: the measured best (docs/BENCHMARKS.md)."""
+def default_draft(name: str, root=None, model: bool = False) -> str:
+    """The draft --model NAME uses unless --draft says otherwise: the measured best (docs/BENCHMARKS.md) for this
+    host. An int4 self-draft only where torch's int4 kernel is fast (AVX-512); on AVX2-only hosts it is slower
+    than the float32 target, so the suffix draft is used instead (no model, no prefill, drafts only what repeats)
+    or, where a model is asked for (model=True: the hybrid's "suffix+model"), the pair's trained draft."""
     trained = resolve(name, root)[1]
     p = PULLABLE.get(name)
-    return p.default_draft if p and p.default_draft else trained
+    draft = p.default_draft if p and p.default_draft else trained
+    if draft == "self:int4" and not int4_kernel_is_fast():
+        return trained if model else "suffix"
+    return draft
 
 
 def listing(root=None) -> list[dict]:
@@ -209,11 +217,12 @@ def _stale(shipped: Path, placed: Path) -> bool:
     return False
 
 
-def resolve_model(name: str, draft: str | None = None) -> tuple[str, str]:
-    """--model NAME -> (target dir, draft): --draft when given, else the pair's default draft (its trained draft
-    folder, or a self-draft such as "self:int4"); a ValueError (one sentence) when it is unknown or not pulled."""
+def resolve_model(name: str, draft: str | None = None, model: bool = False) -> tuple[str, str]:
+    """--model NAME -> (target dir, draft): --draft when given, else the pair's default draft for this host (its
+    trained draft folder, a self-draft such as "self:int4", or "suffix"; with model=True always a model); a
+    ValueError (one sentence) when it is unknown or not pulled."""
     try:
         target = resolve(name)[0]
-        return target, draft if draft is not None else default_draft(name)
+        return target, draft if draft is not None else default_draft(name, model=model)
     except PullError as e:
         raise ValueError(str(e)) from None
