@@ -323,10 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "only with the B=1 rows)")
     p.add_argument("--chat", action="store_true", help="held-out chat questions in the target's chat template "
                    "instead of documentation snippets (the real pair's draft was trained on chat answers)")
-    p.add_argument("--workload", choices=("docs", "chat", "grounded"), default="docs",
+    p.add_argument("--workload", choices=("docs", "chat", "grounded", "shared-prefix"), default="docs",
                    help="docs: documentation snippets as plain prompts; chat: held-out open chat questions (= --chat; "
                         "the control for suffix drafts); grounded: chat requests whose answer reuses the prompt "
-                        "(edit a stdlib function, quote a passage, table to JSON, restate an answer)")
+                        "(edit a stdlib function, quote a passage, table to JSON, restate an answer); "
+                        "shared-prefix: prefix caching on against off (its own options: `minedraft bench "
+                        "--workload shared-prefix --help`; it prints each run with the time left)")
     p.add_argument("--control", nargs="+", choices=tuple(CONTROLS), default=["free"],
                    help="output controls every request carries, swept: free (none), penalties (frequency, presence "
                         "and repetition), schema (a JSON schema); rows with a control also show its price per step "

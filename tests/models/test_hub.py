@@ -153,3 +153,12 @@ def test_this_hosts_cpu_flags_are_read():
     if flags is None:
         pytest.skip("no /proc/cpuinfo")
     assert cores.int4_kernel_is_fast() == ("avx512f" in flags or "avx2" not in flags)
+
+
+def test_pull_into_a_log_prints_plain_step_lines(fake_registry, tmp_path, capsys, monkeypatch):
+    """stderr not a terminal (piped into a log): one line per step, no tqdm bar redraws (carriage returns)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cli.main(["models", "pull", "fake"]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and "fake: download (step 1 of 4)" in err and "fake: convert" in err, err
+    assert "Converting" not in err  # the converter's own bars are silenced too
