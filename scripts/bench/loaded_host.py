@@ -20,7 +20,8 @@ import time
 PROMPT = "The while statement is used for"
 MODES = {"minedraft": ["--mode", "minedraft"], "sequential": ["--mode", "sequential"],
          "autoregressive": ["--mode", "autoregressive"], "suffix": ["--draft", "suffix"]}
-STATS = re.compile(r"\(([\d.]+) tokens/s\).*?(?:first text ([\d.]+) s after launch)?")
+SPEED = re.compile(r"\(([\d.]+) tokens/s\)")
+FIRST = re.compile(r"first text ([\d.]+) s after launch")
 
 
 def hog() -> subprocess.Popen:
@@ -33,10 +34,10 @@ def generate(root: str, extra: list[str], tokens: int) -> tuple[float, float | N
     env.pop("MINEDRAFT_WORKER_THREADS", None)  # the defaults, as a user gets them
     cmd = [sys.executable, "-m", "minedraft", "generate", "--max-tokens", str(tokens), "--ignore-eos", *extra, PROMPT]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=os.path.abspath(root))
-    m = STATS.search(r.stderr)
+    m, first = SPEED.search(r.stderr), FIRST.search(r.stderr)
     if r.returncode != 0 or not m:
         raise RuntimeError(f"{cmd} failed: {r.stderr[-800:]}")
-    return float(m.group(1)), float(m.group(2)) if m.group(2) else None
+    return float(m.group(1)), float(first.group(1)) if first else None
 
 
 def main() -> None:

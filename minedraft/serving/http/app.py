@@ -268,12 +268,19 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
     async def metrics_endpoint(request: Request):
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    def chat_model() -> bool:
+        if not hasattr(chat_model, "known"):  # read from the tokenizer once, on the dashboard's first refresh
+            from ...engine.chat import is_chat_model
+            chat_model.known = engine.tokenizer is not None and is_chat_model(engine.tokenizer, engine.eos_token_ids)
+        return chat_model.known
+
     async def timeline(request: Request):
         """The draft/verify intervals of the last second, relative to now (s), for the dashboard."""
         now = time.monotonic()
         st = engine.step_stats
         ivs = st.recent(TIMELINE_WINDOW_S, now) if st else []
         return JSONResponse({"window_s": TIMELINE_WINDOW_S, "mode": engine.config.mode, "model": served,
+                             "chat": chat_model(),  # the dashboard's prompt box then defaults to a chat turn
                              "k": engine.config.draft_k,
                              "intervals": [[lane, b, t0 - now, t1 - now] for lane, b, t0, t1 in ivs]})
 

@@ -465,6 +465,7 @@ def test_timeline_has_recent_draft_and_verify(srv, client, model):
     tl = httpx.get(srv.url + "/dashboard/timeline").json()
     lanes = {iv[0] for iv in tl["intervals"]}
     assert lanes == {"drafter", "verifier"}
+    assert tl["chat"] is False  # the bundled pair is a base model: the dashboard keeps a plain completion
     assert all(-tl["window_s"] - 1 < iv[2] <= iv[3] <= 0.01 for iv in tl["intervals"])
 
 
