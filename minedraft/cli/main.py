@@ -312,7 +312,8 @@ def cmd_generate(a) -> int:
     except (ValueError, MinedraftError) as e:
         return _fail(_name_options(str(e)))
     if len(prompt) > 16 * cfg.max_prompt_tokens:  # the engine's cheap pre-tokenizer bound, checked up front
-        return _fail(f"PROMPT is {len(prompt)} characters, over 16 per token: {_prompt_limit(cfg, a.max_prompt_tokens)}")
+        return _fail(f"PROMPT is {len(prompt)} characters, over 16 per token: "
+                     f"{_prompt_limit(cfg, a.max_prompt_tokens)}")
     _quiet_libraries()
     from ..engine.chat import chat_prompt_ids, is_chat_model
     from ..models.check import ModelDirError, check_pair

@@ -84,9 +84,8 @@ def chat_prompt_ids(tokenizer, messages, max_prompt_tokens: int | None = None) -
     msgs = normalize_messages(messages, max_prompt_tokens)
     if max_chars is not None and sum(len(m["content"]) for m in msgs) > max_chars:
         raise InvalidRequestError(f"messages hold more than {max_chars} characters; the limit is "
-                                  f"{PROMPT_CHARS_PER_TOKEN} per token of max_prompt_tokens={max_prompt_tokens}, `serve "
-                                  f"--max-prompt-tokens`",
-                                  "messages")
+                                  f"{PROMPT_CHARS_PER_TOKEN} per token of max_prompt_tokens={max_prompt_tokens}, "
+                                  "`serve --max-prompt-tokens`", "messages")
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("the target model's tokenizer has no chat template, so chat is unavailable; "
                                   "use a plain completion (generate / stream) or a model with a chat template")

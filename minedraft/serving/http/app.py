@@ -144,13 +144,15 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
     async def read_json(request: Request, max_messages: int | None = None):
         n = request.headers.get("content-length")
         if n is not None and n.isdigit() and int(n) > max_body_bytes:
-            raise oa.APIError(413, f"request body is {n} bytes; the limit is {max_body_bytes}",
+            raise oa.APIError(413, f"request body is {n} bytes; the limit is {max_body_bytes} "
+                                   "(`serve --max-message-bytes`)",
                               code="request_too_large")
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > max_body_bytes:
-                raise oa.APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes",
+                raise oa.APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes "
+                                       "(`serve --max-message-bytes`)",
                                   code="request_too_large")
         if max_messages is not None and (n := oa.too_many_messages(body, max_messages)) is not None:
             # the engine's own limit (engine/chat.py), checked before the messages are built
