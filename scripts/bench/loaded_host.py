@@ -29,9 +29,11 @@ def hog() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
 
 
-def generate(root: str, extra: list[str], tokens: int) -> tuple[float, float | None]:
+def generate(root: str, extra: list[str], tokens: int, one_thread: bool = False) -> tuple[float, float | None]:
     env = dict(os.environ, PYTHONPATH=os.path.abspath(root))
     env.pop("MINEDRAFT_WORKER_THREADS", None)  # the defaults, as a user gets them
+    if one_thread:
+        env["MINEDRAFT_WORKER_THREADS"] = "1"
     cmd = [sys.executable, "-m", "minedraft", "generate", "--max-tokens", str(tokens), "--ignore-eos", *extra, PROMPT]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=os.path.abspath(root))
     m, first = SPEED.search(r.stderr), FIRST.search(r.stderr)
@@ -46,22 +48,25 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a pulled pair (default: the bundled pair)")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--one-thread", action="store_true",
+                    help="also run each root with MINEDRAFT_WORKER_THREADS=1 (the yardstick: one thread per worker)")
     a = ap.parse_args()
     model = ["--model", a.model] if a.model else []
     rows = []
     for mode in a.modes:
         for with_hog in (False, True):
-            for root in a.root:
+            for root, one in [(r, o) for r in a.root for o in ((False, True) if a.one_thread else (False,))]:
                 h = hog() if with_hog else None
                 try:
                     t0 = time.monotonic()
-                    tps, first = generate(root, model + MODES[mode], a.max_tokens)
+                    tps, first = generate(root, model + MODES[mode], a.max_tokens, one)
                 finally:
                     if h is not None:
                         h.kill()
                         h.wait()
-                rows.append((mode, "on" if with_hog else "off", root, tps, first, time.monotonic() - t0))
-                print(f"{mode:<15} hog {rows[-1][1]:<3} {root:<30} {tps:8.1f} tok/s  first text "
+                rows.append((mode, "on" if with_hog else "off", root + (" 1 thread" if one else ""), tps, first,
+                             time.monotonic() - t0))
+                print(f"{mode:<15} hog {rows[-1][1]:<3} {rows[-1][2]:<30} {tps:8.1f} tok/s  first text "
                       f"{first if first is not None else float('nan'):6.1f} s  (run {rows[-1][5]:.0f} s, load "
                       f"{os.getloadavg()[0]:.1f})", flush=True)
 
