@@ -13,6 +13,11 @@ MODELS_DIR = Path(__file__).resolve().parent / "models"
 DEFAULT_TARGET = str(MODELS_DIR / "tiny-target")
 DEFAULT_DRAFT = str(MODELS_DIR / "tiny-draft")
 MODES = ("minedraft", "sequential", "autoregressive")
+# the share of available memory the two workers' KV caches take by default: on a 24 GB host with ~20 GB free, the
+# real pair's two workers then start within 2 GB together (docs/BENCHMARKS.md "Worker memory")
+KV_MEMORY_FRACTION = 0.03
+# sizes used when the target's config.json cannot be read (the model check then reports the directory)
+FALLBACK_SIZES = {"kv_cache_tokens": 65536, "max_prompt_tokens": 768, "max_tokens_limit": 512}
 SELF_PREFIX = "self:"
 SELF_SCHEMES = ("int4", "bf16")  # self-drafts: the target's own weights, converted (drafting/self_draft.py)
 SUFFIX = "suffix"
@@ -125,11 +130,14 @@ class EngineConfig:
     tetris_capacity: int | None = None  # draft tokens verified per step in Tetris mode (default: k x rows)
     tetris_extra: int = 2            # extra drafts per row Tetris may choose from
     max_batch_size: int = 32         # running requests in all (split over the two batches)
-    kv_cache_tokens: int = 65536     # per model; admission waits when a request's reservation does not fit
+    # KV positions per model; admission waits when a request's reservation does not fit. None: sized from the
+    # memory available and the model (kv_budget.py): kv_cache_memory_fraction of it, for both workers' caches
+    kv_cache_tokens: int | None = None
+    kv_cache_memory_fraction: float = KV_MEMORY_FRACTION
     block_size: int = 16
     prefix_caching: bool = True      # share the KV blocks of a prompt prefix already computed (docs/ARCHITECTURE.md)
-    max_prompt_tokens: int = 768
-    max_tokens_limit: int = 512      # upper bound a request's max_tokens may ask for
+    max_prompt_tokens: int | None = None  # None: the model's context (or what the KV cache holds) less the output
+    max_tokens_limit: int | None = None   # upper bound a request's max_tokens may ask for; None: half of that, <= 1024
     max_queue: int = 1024            # waiting requests; past it, generate() raises OverloadedError
     draft_device: str = "auto"       # "auto" | "cpu" | "cuda:N"
     target_device: str = "auto"
@@ -149,6 +157,8 @@ class EngineConfig:
     suffix_options: dict | None = None
     hybrid_threshold: float = 1.0
 
+    sizing = None  # kv_budget.Sizing when validate() derived the sizes (not a field: how, not what)
+
     def __post_init__(self):
         self.validate()
 
@@ -166,11 +176,14 @@ class EngineConfig:
                     self.k = default_k(self.draft)
             except ValueError as e:
                 bad(str(e))
-        for name in ("k", "max_batch_size", "kv_cache_tokens", "block_size", "max_prompt_tokens",
-                     "max_tokens_limit", "max_queue"):
+        sized = ("kv_cache_tokens", "max_prompt_tokens", "max_tokens_limit")  # None: derived, below
+        for name in ("k", "max_batch_size", "block_size", "max_queue") + sized:
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
+            if (isinstance(v, bool) or not isinstance(v, int)) and not (name in sized and v is None):
                 bad(f"{name} must be an int, got {v!r}")
+        f = self.kv_cache_memory_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+            bad(f"kv_cache_memory_fraction must be a number in (0, 1], got {f!r}")
         if not 1 <= self.k <= 16:
             bad(f"k must be in 1..16, got {self.k}")
         if isinstance(self.tetris_extra, bool) or not isinstance(self.tetris_extra, int) \
@@ -179,15 +192,9 @@ class EngineConfig:
         c = self.tetris_capacity
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
             bad(f"tetris_capacity must be None or an int >= 1, got {c!r}")
-        for name in ("max_batch_size", "block_size", "max_prompt_tokens", "max_tokens_limit", "max_queue"):
-            if getattr(self, name) < 1:
+        for name in ("max_batch_size", "block_size", "max_queue") + sized:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 bad(f"{name} must be >= 1, got {getattr(self, name)}")
-        need = self.max_prompt_tokens + self.max_tokens_limit + self.max_draft + 1
-        need_blocks = -(-need // self.block_size)
-        if self.kv_cache_tokens // self.block_size < need_blocks:
-            bad(f"kv_cache_tokens={self.kv_cache_tokens} ({self.kv_cache_tokens // self.block_size} blocks of "
-                f"{self.block_size}) cannot hold even one request of max_prompt_tokens + max_tokens_limit + k + 1 "
-                f"(+ tetris_extra) = {need} positions ({need_blocks} blocks); raise it or lower those limits")
         for name in ("target_tp", "draft_tp"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
@@ -238,6 +245,45 @@ class EngineConfig:
             if p is not None and not os.path.isdir(p):
                 bad(f"{name} model path {p!r} is not a directory (models load from local paths only; draft may "
                     f"also be {_DRAFT_FORMS[len('a model directory, '):]})")
+
+        if None in (self.kv_cache_tokens, self.max_prompt_tokens, self.max_tokens_limit):
+            self._size()
+        need = self.max_prompt_tokens + self.max_tokens_limit + self.max_draft + 1
+        need_blocks = -(-need // self.block_size)
+        if self.kv_cache_tokens // self.block_size < need_blocks:
+            bad(f"kv_cache_tokens={self.kv_cache_tokens} ({self.kv_cache_tokens // self.block_size} blocks of "
+                f"{self.block_size}) cannot hold even one request of max_prompt_tokens + max_tokens_limit + k + 1 "
+                f"(+ tetris_extra) = {need} positions ({need_blocks} blocks); raise it or lower those limits")
+
+    def _size(self) -> None:
+        """Fill the unset sizes from the model and the memory available (kv_budget.py); `sizing` keeps how."""
+        from . import kv_budget
+        try:
+            draft = self.draft_model if self.speculative else None
+            if draft is None:
+                dcfg, ddtype = None, None
+            elif self_scheme(draft):  # the target's own shapes; self:int4 keeps its KV cache float32
+                dcfg = kv_budget.read_config(self.target)
+                ddtype = "bfloat16" if self_scheme(draft) == "bf16" else "float32"
+            else:
+                dcfg, ddtype = kv_budget.read_config(draft), self.dtype
+        except (OSError, ValueError, KeyError, TypeError):
+            dcfg = False
+        try:
+            if dcfg is False:
+                raise OSError
+            kv_budget.read_config(self.target)
+        except (OSError, ValueError, KeyError, TypeError):  # an unreadable model: the model check names it later
+            for name, v in FALLBACK_SIZES.items():
+                if getattr(self, name) is None:
+                    setattr(self, name, v)
+            return
+        try:
+            self.sizing = kv_budget.size(self, dcfg, ddtype, kv_budget.available_memory())
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"invalid EngineConfig: {e}") from None
+        for name in ("kv_cache_tokens", "max_prompt_tokens", "max_tokens_limit"):
+            setattr(self, name, getattr(self.sizing, name))
 
     @property
     def suffix_drafts(self) -> bool:

@@ -16,10 +16,37 @@ A worker pins itself to its set (sched_setaffinity) and sets torch's intra-op th
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
 THREADS_ENV = "MINEDRAFT_WORKER_THREADS"
+# OpenMP threads (torch's intra-op pool, GNU libgomp) spin while they wait for each other by default. On a host
+# where another process holds a core, a spinning thread burns the time slices its preempted partner needs, and a
+# 2-thread forward ran 7-10x slower than a 1-thread one (docs/BENCHMARKS.md "Threads on a loaded host"); passive
+# threads sleep instead, and 2 passive threads were no slower than 1. The user's own setting wins.
+WAIT_POLICY = ("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def prefer_passive_wait() -> None:
+    """Make OpenMP threads of this process (and its children) wait passively, unless the user chose a policy. Only
+    effective before torch is first imported: the OpenMP runtime reads it once, when it loads."""
+    os.environ.setdefault(*WAIT_POLICY)
+
+
+@contextlib.contextmanager
+def worker_environment():
+    """Around spawning workers: they start with the passive wait policy (unless the user set one), whatever this
+    process's own torch was loaded with; this process's environment is restored afterwards."""
+    name, value = WAIT_POLICY
+    added = name not in os.environ
+    if added:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if added:
+            os.environ.pop(name, None)
 
 
 def threads_for(cores: list[int] | None) -> int:
@@ -121,3 +148,25 @@ def format_cores(cores: list[int]) -> str:
         out.append(str(cores[i]) if i == j else f"{cores[i]}-{cores[j]}")
         i = j + 1
     return ",".join(out)
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags (Linux /proc/cpuinfo); None where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def int4_kernel_is_fast() -> bool:
+    """Whether torch's packed int4 CPU matmul beats float32 here: on AVX2-only x86 hosts it is slower (a 930-token
+    prefill matmul 43 ms against 22.6 ms, a one-row matmul 147 us against 121: /work/shared findings, docs/
+    BENCHMARKS.md "Self-drafts"); with AVX-512 it ran at a third of float32's cost. Unknown flags: assume fast."""
+    flags = cpu_flags()
+    if flags is None or "avx2" not in flags:  # not an x86 host we measured (or flags unreadable)
+        return True
+    return "avx512f" in flags

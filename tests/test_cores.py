@@ -136,3 +136,22 @@ async def test_workers_pinned_to_explicit_cores(tiny_pair, uncapped):
     seen = await _placement(_cfg(tiny_pair, mode="minedraft", draft_cores=[allowed[-1]], target_cores=allowed[:-1]))
     assert _pin(seen["drafter"]) == {"cores": [allowed[-1]], "threads": 1}
     assert _pin(seen["verifier"]) == {"cores": allowed[:-1], "threads": len(allowed) - 1}
+
+
+def _environ(pid: int) -> dict:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="needs /proc")
+async def test_workers_wait_passively_unless_the_user_chose(tiny_pair, monkeypatch):
+    """Workers start with OMP_WAIT_POLICY=PASSIVE (spinning OpenMP threads collapse on a loaded host), the caller's
+    environment is left as it was, and a policy the user set is kept."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    cfg = engine_config(tiny_pair, kv_cache_tokens=2048, max_prompt_tokens=64, max_tokens_limit=16, max_batch_size=2)
+    async with Engine(cfg) as engine:
+        assert all(_environ(p.pid).get(b"OMP_WAIT_POLICY") == b"PASSIVE" for p in engine.procs)
+    assert "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    async with Engine(cfg) as engine:
+        assert all(_environ(p.pid).get(b"OMP_WAIT_POLICY") == b"ACTIVE" for p in engine.procs)

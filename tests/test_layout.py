@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[1] / "minedraft"
 # engine's baselines drive; it imports only the basics, so it sits below the workers although its folder is above
 PIPELINE = "engine.pipeline"
 LAYERS = [
-    {"errors", "cores", "config", "outputs", "grammar_check", "sampling_params"},  # shared basics
+    {"errors", "cores", "config", "kv_budget", "outputs", "grammar_check", "sampling_params"},  # shared basics
     {PIPELINE},    # the two-batch rhythm, I/O-free
     {"ipc"},       # the typed messages and tensor slots between processes
     {"sampling"},  # speculative-sampling maths

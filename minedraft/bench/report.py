@@ -96,3 +96,19 @@ def price_controls(by_control: dict[str, list[tuple[str, dict]]]) -> list[tuple[
                 name = f"{name} control={c}"
             rows.append((name, m))
     return rows
+
+
+LOADED = 0.75  # load average per usable core from which a host counts as busy with other work
+
+
+def host_load_note(loads: list[float], cores: int) -> str | None:
+    """A line for above the headline when the host was busy with other processes while the bench ran (the
+    1-minute load average, sampled at its start and end, over LOADED per usable core): minedraft's workers and
+    the in-process baselines then compete for the cores, and ratios measured so can be off by several times
+    (docs/BENCHMARKS.md "Threads on a loaded host"). None on a quiet host."""
+    worst = max(loads)
+    if worst <= LOADED * cores:
+        return None
+    return (f"NOTE: this host was loaded while the bench ran (load average {min(loads):.1f}-{worst:.1f} on {cores} "
+            f"usable core{'s' if cores != 1 else ''}): other processes took CPU time from the rows, so these ratios, "
+            "the headline included, may not hold on a quiet host; rerun there before drawing conclusions.")

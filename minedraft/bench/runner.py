@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import time
@@ -20,7 +21,7 @@ import time
 from tqdm import tqdm
 
 from .baselines import WARM_UP, headline, hf_assisted, in_process_row, in_process_runs, in_process_variants
-from .report import _group, _median, format_table, price_controls, ratios  # noqa: F401 (the bench's API)
+from .report import _group, _median, format_table, host_load_note, price_controls, ratios  # noqa: F401 (API)
 from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, default_k, default_mode
 from ..cores import available_cores, format_cores, threads_for
 from ..sampling_params import SamplingParams
@@ -323,10 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "only with the B=1 rows)")
     p.add_argument("--chat", action="store_true", help="held-out chat questions in the target's chat template "
                    "instead of documentation snippets (the real pair's draft was trained on chat answers)")
-    p.add_argument("--workload", choices=("docs", "chat", "grounded"), default="docs",
+    p.add_argument("--workload", choices=("docs", "chat", "grounded", "shared-prefix"), default="docs",
                    help="docs: documentation snippets as plain prompts; chat: held-out open chat questions (= --chat; "
                         "the control for suffix drafts); grounded: chat requests whose answer reuses the prompt "
-                        "(edit a stdlib function, quote a passage, table to JSON, restate an answer)")
+                        "(edit a stdlib function, quote a passage, table to JSON, restate an answer); "
+                        "shared-prefix: prefix caching on against off (its own options: `minedraft bench "
+                        "--workload shared-prefix --help`; it prints each run with the time left)")
     p.add_argument("--control", nargs="+", choices=tuple(CONTROLS), default=["free"],
                    help="output controls every request carries, swept: free (none), penalties (frequency, presence "
                         "and repetition), schema (a JSON schema); rows with a control also show its price per step "
@@ -335,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hybrid-threshold", type=float, default=1.0,
                    help="the hybrid's suffix score threshold (default: 1.0)")
     p.add_argument("--hf-prompts", type=int, default=8, help="prompts for the HF assisted run (default: 8)")
-    p.add_argument("--kv-cache-tokens", type=int, default=65536, help="KV cache positions per model")
+    p.add_argument("--kv-cache-tokens", type=int, default=None,
+                   help="KV cache positions per model (default: the engine's, sized from memory and the model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                    help="model dtype (default: float32)")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of a minedraft run to this JSON file")
@@ -350,6 +354,13 @@ def _shared_prefix(argv) -> bool:
                for i, a in enumerate(argv))
 
 
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):  # not every platform has it
+        return 0.0
+
+
 def main(argv=None) -> int:
     import sys
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -357,6 +368,7 @@ def main(argv=None) -> int:
         from .shared_prefix import main as shared_prefix_main
         return shared_prefix_main(argv)
     args = build_parser().parse_args(argv)
+    loads = [_load()]
     try:
         if args.model:
             from ..models.hub import resolve_model
@@ -384,6 +396,9 @@ def main(argv=None) -> int:
               + (" Reduced-precision matmuls are not batch-invariant (the target alone changes with batch"
                  " composition); exactness holds in float32." if args.dtype != "float32" else ""))
     print()
+    note = host_load_note(loads + [_load()], len(available_cores()))
+    if note:
+        print(note)
     print(headline(rows))  # the last line: minedraft against the best of everything else
     return 0
 

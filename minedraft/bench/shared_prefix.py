@@ -104,6 +104,7 @@ async def _bench(args) -> list[str]:
                          for i in range(args.batch)]}
     need = args.prefix + args.turns * (args.suffix + args.max_tokens) + 8
     runs: dict[bool, list[dict]] = {True: [], False: []}
+    total, t0 = 2 * args.repeats, time.monotonic()
     for rep in range(args.repeats):
         for caching in ((True, False) if rep % 2 == 0 else (False, True)):
             cfg = EngineConfig(target=args.target, draft=args.draft, mode=args.mode, k=args.k,
@@ -112,8 +113,11 @@ async def _bench(args) -> list[str]:
                                kv_cache_tokens=args.kv_cache_tokens)
             m = await _measure(cfg, work, args)
             runs[caching].append(m)
-            print(f"repeat {rep} caching={'on' if caching else 'off'}: " + ", ".join(
-                f"{w} ttft {m[w]['ttft_ms']:.0f} ms {m[w]['tok_s']:.1f} tok/s" for w in m), flush=True)
+            done = sum(map(len, runs.values()))
+            eta = (time.monotonic() - t0) / done * (total - done)  # every run does the same work
+            print(f"repeat {rep} caching={'on' if caching else 'off'} ({done}/{total} runs, about {eta / 60:.1f} min "
+                  "left): " + ", ".join(f"{w} ttft {m[w]['ttft_ms']:.0f} ms {m[w]['tok_s']:.1f} tok/s" for w in m),
+                  flush=True)
     lines = [f"{'workload':<10} {'caching':<8} {'TTFT p50 ms':>12} {'tok/s':>8} {'prefill tok':>12} {'hit rate':>9}"]
     for w in ("system", "chat", "distinct"):
         for caching in (False, True):

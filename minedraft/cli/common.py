@@ -64,6 +64,13 @@ def _positive_float(s: str) -> float:
     return v
 
 
+def _fraction(s: str) -> float:
+    v = _positive_float(s)
+    if v > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {s}")
+    return v
+
+
 def _cores(s: str) -> list[int]:
     from ..cores import parse_cores
     try:
@@ -79,7 +86,7 @@ def _engine_kw(a) -> dict:
         from ..models.hub import resolve_model
         suffix, named = parse_draft(a.draft) if a.draft is not None else (False, None)
         if suffix:  # --draft suffix: no model; suffix+model (the pair's default draft) or suffix+DIR: the hybrid
-            target, model = resolve_model(a.model, None if named in (None, "model") else named)
+            target, model = resolve_model(a.model, None if named in (None, "model") else named, model=True)
             draft = SUFFIX if named is None else f"{SUFFIX}+{model}"
         else:
             target, draft = resolve_model(a.model, a.draft)
@@ -100,7 +107,7 @@ def _fail(msg: str, code: int = 2) -> int:
 _OPTION = {name: "--" + name.replace("_", "-") for name in (
     "k", "max_prompt_tokens", "max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "ignore_eos",
     "target", "draft", "mode", "dtype", "target_device", "draft_device", "max_tokens_limit", "max_batch_size",
-    "kv_cache_tokens", "max_queue")}
+    "kv_cache_tokens", "max_queue", "kv_cache_memory_fraction")}
 
 
 def _name_options(msg: str) -> str:

@@ -17,10 +17,11 @@ import os
 import sys
 import time
 
-from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, DraftBudget, EngineConfig, default_k
+from ..config import DEFAULT_DRAFT, DEFAULT_TARGET, MODES, EngineConfig
 from ..serving.zmq.protocol import DEFAULT_MAX_QUEUED_REPLIES  # one constant for the cli and the server
 from .common import (PROG, _cores, _default, _engine_kw, _fail,
-                     _Formatter, _name_options, _positive_float, _positive_int, _quiet_libraries, _run_async)
+                     _Formatter, _fraction, _name_options, _positive_float, _positive_int, _quiet_libraries,
+                     _run_async)
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and engine")
     g.add_argument("--target", default=DEFAULT_TARGET, metavar="DIR",
@@ -57,8 +58,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="draft tokens verified per step with --tetris (default: k x requests in the batch)")
     g.add_argument("--tetris-extra", type=int, default=_default("tetris_extra"), metavar="E",
                    help="extra drafts per request Tetris may choose from (0..16)")
-    g.add_argument("--max-prompt-tokens", type=_positive_int, default=_default("max_prompt_tokens"), metavar="N",
-                   help="longest prompt accepted, in tokens")
+    g.add_argument("--max-prompt-tokens", type=_positive_int, default=None, metavar="N",
+                   help="longest prompt accepted, in tokens (default: the target's context length, or what the "
+                        "KV cache holds if less, minus the output limit)")
     g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=_default("dtype"),
                    help="model weight and activation dtype")
     g.add_argument("--target-device", default=_default("target_device"), metavar="DEV",
@@ -122,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", formatter_class=_Formatter, help="stream one completion to the terminal",
                        description="Start the engine (drafter and verifier processes) on the given models, stream "
                                    "the completion of PROMPT to stdout as tokens are accepted, then print a "
-                                   "one-line summary (tokens/s, acceptance rate) to stderr.\n\n"
+                                   "one-line summary (tokens/s, acceptance rate) to stderr. A chat model answers "
+                                   "PROMPT as a user message through its chat template unless --raw is given.\n\n"
                                    "Temperature 0 (the default) is greedy decoding; the output is then exactly "
                                    "what the target model alone would produce.")
     g.add_argument("prompt", help="the prompt text; '-' reads it from stdin")
@@ -138,10 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop when TEXT is generated "
                    "(repeatable)")
     s.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
-    c = g.add_argument_group("chat")
-    c.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the target "
-                   "tokenizer's chat template (with the assistant turn opened)")
-    c.add_argument("--system", default=None, metavar="TEXT", help="a system message before PROMPT (with --chat)")
+    c = g.add_argument_group("chat", "A chat model (one whose chat template ends a turn with its end-of-sequence "
+                             "token, e.g. smollm2-135m) gets PROMPT as a user message through its chat template by "
+                             "default; other models (the bundled tiny pair) continue PROMPT as plain text.")
+    c.add_argument("--chat", action="store_true", default=None,
+                   help="send PROMPT through the chat template (with the assistant turn opened) even if the model "
+                        "does not look like a chat model (default: on for chat models)")
+    c.add_argument("--raw", action="store_false", dest="chat",
+                   help="continue PROMPT as plain text, even on a chat model (no chat template; default: off)")
+    c.add_argument("--system", default=None, metavar="TEXT", help="a system message before PROMPT (chat only)")
     _add_model_args(g)
     o = g.add_argument_group("output")
     o.add_argument("--no-stats", action="store_true", help="do not print the summary line to stderr")
@@ -211,15 +219,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "that each waits its turn, so clients flooding bad requests cannot fill the event loop")
     _add_model_args(v)
     e = v.add_argument_group("capacity")
-    e.add_argument("--max-tokens-limit", type=_positive_int, default=_default("max_tokens_limit"), metavar="N",
-                   help="the most max_tokens a request may ask for")
+    e.add_argument("--max-tokens-limit", type=_positive_int, default=None, metavar="N",
+                   help="the most max_tokens a request may ask for (default: half of the longest request the "
+                        "model's context and the KV cache allow, at most 1024; also HTTP chat's default)")
     e.add_argument("--max-batch-size", type=_positive_int, default=_default("max_batch_size"), metavar="N",
                    help="requests decoded at once (split over the two batches)")
-    e.add_argument("--kv-cache-tokens", type=_positive_int, default=_default("kv_cache_tokens"), metavar="N",
-                   help="KV cache positions per model; admission waits while the cache is full")
+    e.add_argument("--kv-cache-tokens", type=_positive_int, default=None, metavar="N",
+                   help="KV cache positions per model; admission waits while the cache is full (default: sized "
+                        "by --kv-cache-memory-fraction, capped by what --max-batch-size requests can use; the "
+                        "size chosen is logged at start)")
+    e.add_argument("--kv-cache-memory-fraction", type=_fraction, default=_default("kv_cache_memory_fraction"),
+                   metavar="F", help="share of the memory available at start that both workers' KV caches take "
+                                     "together, when --kv-cache-tokens is not given")
     e.add_argument("--max-queue", type=_positive_int, default=_default("max_queue"), metavar="N",
                    help="requests waiting for admission; beyond it: overloaded")
     x = v.add_argument_group("process")
+    x.add_argument("--stay-up-on-worker-death", action="store_true",
+                   help="when a worker dies, keep serving (every request then gets engine_dead, HTTP 503) instead "
+                        "of failing the requests in flight and exiting with status 3 for a supervisor to restart")
     x.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="log verbosity (stderr)")
     x.add_argument("--no-uvloop", action="store_true", help="use the stock asyncio loop instead of uvloop")
@@ -258,29 +275,34 @@ def _version() -> str:
 
 
 # -- generate ---------------------------------------------------------------------------------------------------
-def _generate_config(a) -> EngineConfig:
+def _generate_config(a, prompt_tokens: int | None = None) -> EngineConfig:
+    """One request's engine: its KV cache holds exactly that request (prompt_tokens, once known, else the longest
+    prompt --max-prompt-tokens or the model allows) and no more."""
     kw = _engine_kw(a)
     if a.mode == "autoregressive":
         kw["k"] = _default("k")  # k is ignored in this mode, so any value is accepted
     elif a.k is not None and not 1 <= a.k <= 16:
         raise ValueError(f"--k must be in 1..16, got {a.k}")
-    block = _default("block_size")
-    k = kw["k"] if kw["k"] is not None else default_k(kw["draft"])
-    need = a.max_prompt_tokens + a.max_tokens + DraftBudget(k, bool(a.tetris), a.tetris_extra).max_draft + 1
-    kw.update(max_tokens_limit=a.max_tokens, max_batch_size=1, max_queue=1,
-              kv_cache_tokens=-(-need // block) * block)
+    if prompt_tokens is not None:
+        kw["max_prompt_tokens"] = prompt_tokens
+    kw.update(max_tokens_limit=a.max_tokens, max_batch_size=1, max_queue=1)
     return EngineConfig(**kw)
+
+
+def _prompt_limit(cfg: EngineConfig, given: int | None) -> str:
+    if given is not None:
+        return f"--max-prompt-tokens is {given}"
+    ctx = f"the model's context {cfg.sizing.context}" if cfg.sizing and cfg.sizing.context else "the model's context"
+    return (f"the limit is {cfg.max_prompt_tokens} (--max-prompt-tokens; by default {ctx}, or what the KV cache "
+            f"holds, less --max-tokens {cfg.max_tokens_limit} and the drafts)")
 
 
 def cmd_generate(a) -> int:
     prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
-    if a.system is not None and not a.chat:
-        return _fail("--system needs --chat")
+    if a.system is not None and a.chat is False:
+        return _fail("--system needs the chat template; it cannot go with --raw")
     if not prompt:
         return _fail("PROMPT is empty (give the text to continue, or '-' to read it from stdin)")
-    if len(prompt) > 16 * a.max_prompt_tokens:  # the engine's cheap pre-tokenizer bound, checked up front
-        return _fail(f"PROMPT is {len(prompt)} characters; --max-prompt-tokens {a.max_prompt_tokens} allows about "
-                     f"{16 * a.max_prompt_tokens}")
     from ..errors import MinedraftError
     from ..sampling_params import SamplingParams
     try:
@@ -289,16 +311,31 @@ def cmd_generate(a) -> int:
                                 seed=a.seed, stop=tuple(a.stop), ignore_eos=a.ignore_eos)
     except (ValueError, MinedraftError) as e:
         return _fail(_name_options(str(e)))
+    if len(prompt) > 16 * cfg.max_prompt_tokens:  # the engine's cheap pre-tokenizer bound, checked up front
+        return _fail(f"PROMPT is {len(prompt)} characters, over 16 per token: "
+                     f"{_prompt_limit(cfg, a.max_prompt_tokens)}")
     _quiet_libraries()
+    from ..engine.chat import chat_prompt_ids, is_chat_model
     from ..models.check import ModelDirError, check_pair
     try:  # before any worker starts: a bad directory answers in seconds, naming it
-        tok, _, _ = check_pair(cfg.target, cfg.draft_model or cfg.target,
-                               need_draft=cfg.speculative and cfg.draft_model is not None)
+        tok, _, eos = check_pair(cfg.target, cfg.draft_model or cfg.target,
+                                 need_draft=cfg.speculative and cfg.draft_model is not None)
     except ModelDirError as e:
         return _fail(str(e), 1)
-    n_prompt = len(tok.encode(prompt))
+    chat = a.chat if a.chat is not None else is_chat_model(tok, eos)
+    if a.system is not None and not chat:
+        return _fail("--system needs the chat template: this model does not look like a chat model; add --chat")
+    msgs = ([{"role": "system", "content": a.system}] if a.system is not None else []) + \
+        [{"role": "user", "content": prompt}]
+    try:
+        n_prompt = len(chat_prompt_ids(tok, msgs) if chat else tok.encode(prompt))
+    except MinedraftError as e:
+        return _fail(str(e), 1)
     if n_prompt > cfg.max_prompt_tokens:
-        return _fail(f"PROMPT has {n_prompt} tokens; --max-prompt-tokens is {cfg.max_prompt_tokens}")
+        return _fail(f"PROMPT has {n_prompt} tokens{' with the chat template' if chat else ''}; "
+                     f"{_prompt_limit(cfg, a.max_prompt_tokens)}")
+    if a.max_prompt_tokens is None:
+        cfg = _generate_config(a, n_prompt)  # a KV cache for this prompt, not the longest one the model allows
 
     async def run():
         from ..engine.engine import Engine
@@ -306,9 +343,7 @@ def cmd_generate(a) -> int:
         async with Engine(cfg) as engine:
             t_start = time.perf_counter() - t0
             final = None
-            if a.chat:
-                msgs = ([{"role": "system", "content": a.system}] if a.system is not None else []) + \
-                    [{"role": "user", "content": prompt}]
+            if chat:
                 deltas = engine.stream_chat(msgs, params)
             else:
                 deltas = engine.stream(prompt, params)
@@ -362,6 +397,8 @@ def _bench(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Ctrl-C at any moment (imports, engine start-up, streaming) ends with one line and exit status 130; the
     workers never see it (they are spawned with SIGINT blocked) and are stopped by the engine's shutdown."""
+    from ..cores import prefer_passive_wait
+    prefer_passive_wait()  # before torch loads: the bench's in-process baselines and LocalEngine run here
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
         if argv and argv[0] == "bench":  # everything after it belongs to bench, --help included

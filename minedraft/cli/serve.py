@@ -26,7 +26,8 @@ def cmd_serve(a) -> int:
     try:
         check_bind(a.bind, a.allow_remote)  # before anything slow
         cfg = EngineConfig(**_engine_kw(a), max_tokens_limit=a.max_tokens_limit, max_batch_size=a.max_batch_size,
-                           kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue)
+                           kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue,
+                           kv_cache_memory_fraction=a.kv_cache_memory_fraction)
     except (BindError, ValueError) as e:
         return _fail(_name_options(str(e)))
     _quiet_libraries()
@@ -36,7 +37,8 @@ def cmd_serve(a) -> int:
                                curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
                                curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
                                max_inflight_per_client=a.max_inflight_per_client,
-                               max_queued_replies=a.max_queued_replies), not a.no_uvloop)
+                               max_queued_replies=a.max_queued_replies,
+                               stay_up_when_dead=a.stay_up_on_worker_death), not a.no_uvloop)
     except (BindError, ValueError, MinedraftError) as e:
         return _fail(str(e), 1)
     except Exception as e:
@@ -50,6 +52,9 @@ def _print_lines(lines) -> None:
 
 
 def _exit_code(sig) -> int:
+    from ..serving.launch import ENGINE_DIED, EXIT_ENGINE_DIED
+    if sig == ENGINE_DIED:
+        return EXIT_ENGINE_DIED  # a worker died: non-zero, so a supervisor restarts the server
     if sig == signal.SIGINT:
         raise KeyboardInterrupt  # stopped cleanly by Ctrl-C: main() reports it like any other interrupt
     return 0
@@ -68,7 +73,8 @@ def _serve_http(a) -> int:
         if a.bind is not None:
             check_bind(a.bind, a.allow_remote)
         cfg = EngineConfig(**_engine_kw(a), max_tokens_limit=a.max_tokens_limit, max_batch_size=a.max_batch_size,
-                           kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue)
+                           kv_cache_tokens=a.kv_cache_tokens, max_queue=a.max_queue,
+                           kv_cache_memory_fraction=a.kv_cache_memory_fraction)
     except (HTTPBindError, BindError, ValueError) as e:
         return _fail(str(e))
     _quiet_libraries()
@@ -87,7 +93,8 @@ def _serve_http(a) -> int:
                                     log_level="warning" if a.log_level == "info" else a.log_level, limits=limits,
                                     curve_secret_key=a.curve_secret_key, curve_public_key=a.curve_public_key,
                                     curve_client_keys=a.curve_client_keys, max_message_bytes=a.max_message_bytes,
-                                    max_inflight_per_client=a.max_inflight_per_client), not a.no_uvloop)
+                                    max_inflight_per_client=a.max_inflight_per_client,
+                                    stay_up_when_dead=a.stay_up_on_worker_death), not a.no_uvloop)
     except (HTTPBindError, BindError, ValueError, MinedraftError) as e:
         return _fail(str(e), 1)
     except Exception as e:

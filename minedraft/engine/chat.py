@@ -53,8 +53,8 @@ def normalize_messages(messages, max_messages: int | None = None) -> list[dict]:
         raise InvalidRequestError("messages must be a non-empty list of {\"role\": ..., \"content\": ...} objects",
                                   "messages")
     if max_messages is not None and len(messages) > max_messages:
-        raise InvalidRequestError(f"{len(messages)} messages; the limit is {max_messages} (max_prompt_tokens: each "
-                                  "message takes at least one token)", "messages")
+        raise InvalidRequestError(f"{len(messages)} messages; the limit is {max_messages} (max_prompt_tokens, `serve "
+                                  "--max-prompt-tokens`: each message takes at least one token)", "messages")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -84,8 +84,8 @@ def chat_prompt_ids(tokenizer, messages, max_prompt_tokens: int | None = None) -
     msgs = normalize_messages(messages, max_prompt_tokens)
     if max_chars is not None and sum(len(m["content"]) for m in msgs) > max_chars:
         raise InvalidRequestError(f"messages hold more than {max_chars} characters; the limit is "
-                                  f"{PROMPT_CHARS_PER_TOKEN} per token of max_prompt_tokens={max_prompt_tokens}",
-                                  "messages")
+                                  f"{PROMPT_CHARS_PER_TOKEN} per token of max_prompt_tokens={max_prompt_tokens}, "
+                                  "`serve --max-prompt-tokens`", "messages")
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("the target model's tokenizer has no chat template, so chat is unavailable; "
                                   "use a plain completion (generate / stream) or a model with a chat template")
@@ -96,7 +96,7 @@ def chat_prompt_ids(tokenizer, messages, max_prompt_tokens: int | None = None) -
     if max_chars is not None and len(text) > max_chars:
         raise InvalidRequestError(f"the messages render to {len(text)} characters through the chat template; the "
                                   f"limit is {max_chars} ({PROMPT_CHARS_PER_TOKEN} per token of "
-                                  f"max_prompt_tokens={max_prompt_tokens})", "messages")
+                                  f"max_prompt_tokens={max_prompt_tokens}, `serve --max-prompt-tokens`)", "messages")
     # The template writes any special tokens (bos, role markers) itself: add none on top.
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -122,6 +122,14 @@ def end_of_turn_id(tokenizer) -> int | None:
     ids = tokenizer.encode(marker, add_special_tokens=False)
     special = set(getattr(tokenizer, "all_special_ids", ()))
     return ids[0] if len(ids) == 1 and ids[0] in special else None
+
+
+def is_chat_model(tokenizer, eos_ids) -> bool:
+    """A model tuned for chat: it has a chat template whose end-of-turn token is one of its end-of-sequence ids
+    (SmolLM2-Instruct's <|im_end|>, Llama 3's <|eot_id|>), so it was trained to answer a turn and stop. A base
+    model that merely carries a template (the bundled tiny pair) ends text otherwise and continues prompts."""
+    eot = end_of_turn_id(tokenizer)
+    return eot is not None and eot in set(eos_ids)
 
 
 def chat_params(params, eot: int | None) -> SamplingParams:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import multiprocessing as mp
 import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 import uuid
 from typing import AsyncIterator
@@ -25,16 +27,19 @@ from msgspec.structs import replace
 
 from .scheduler import UNGUARDED_MAIN_EXIT, AsyncScheduler
 from ..config import EngineConfig
-from ..cores import resolve as resolve_cores
+from ..cores import resolve as resolve_cores, worker_environment
 from ..errors import EngineDeadError, InvalidRequestError
 from ..ipc.messages import Addresses, WorkerConfig, WorkerSpec
 from ..ipc.tensors import create_shm, destroy_shm, feature_slot_nbytes, slot_nbytes
 from ..outputs import GenerationResult, StreamDelta
 from ..sampling_params import SamplingParams, as_params
 from .step_stats import StepStats
+from .worker_exit import describe_exit
 from ..cache.admission import prefix_stats
 from ..workers.drafter_process import drafter_main
 from ..workers.verifier_process import verifier_main
+
+log = logging.getLogger("minedraft.engine")
 
 WATCH_S = 0.1
 STOP_GRACE_S = 5.0   # how long a stopped worker may take to exit before it is killed
@@ -58,13 +63,28 @@ def _hidden_size(model_dir: str) -> int:
         return int(json.load(f)["hidden_size"])
 
 
+# transformers imports its classes lazily, and two threads resolving the same lazy name at once make one of them
+# fail ("cannot import name 'AutoConfig'"): engines started concurrently in one process (each runs this in an
+# executor thread) take turns here, and the heavy modules the event loop imports later are loaded here first
+_IMPORT_LOCK = threading.Lock()
+
+
 def _load_tokenizer_and_meta(cfg: EngineConfig):
     """Check both model directories here, before spawning (shapes that do not split over the tensor-parallel ranks
     included), and load the target's tokenizer."""
     from ..models.check import check_pair
-    return check_pair(cfg.target, cfg.draft_model or cfg.target,
-                      need_draft=cfg.speculative and cfg.draft_model is not None, target_tp=cfg.target_tp,
-                      draft_tp=cfg.draft_tp)
+    with _IMPORT_LOCK:
+        from ..runner import model_runner  # noqa: F401 - loaded once, under the lock
+        from ..workers import tp_ranks  # noqa: F401
+        return check_pair(cfg.target, cfg.draft_model or cfg.target,
+                          need_draft=cfg.speculative and cfg.draft_model is not None, target_tp=cfg.target_tp,
+                          draft_tp=cfg.draft_tp)
+
+
+def _last_line(err: Exception) -> str:
+    """A worker's reported traceback ends with the exception itself: that line, after the first."""
+    lines = [x.strip() for x in str(err).strip().splitlines()]
+    return f" ({lines[-1]})" if len(lines) > 1 else ""
 
 
 def _start_without_sigint(procs) -> None:
@@ -75,8 +95,9 @@ def _start_without_sigint(procs) -> None:
     if block:
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        for p in procs:
-            p.start()
+        with worker_environment():  # OpenMP threads that sleep, not spin, while they wait (cores.py)
+            for p in procs:
+                p.start()
     finally:
         if block:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
@@ -103,6 +124,8 @@ class Engine:
         self.tokenizer = None
         self.adaptive = None
         self.step_stats: StepStats | None = None
+        # set when a worker dies or hangs while the engine runs (not on shutdown): servers wait on it to exit
+        self.died = asyncio.Event()
 
     @classmethod
     async def start(cls, config: EngineConfig | None = None, **kw) -> "Engine":
@@ -169,6 +192,8 @@ class Engine:
             await self.shutdown()  # also when spawning itself failed: the shared memory must not leak
             raise
         self._ready = True
+        if cfg.sizing is not None:
+            log.info(cfg.sizing.summary(cfg.kv_cache_memory_fraction))
         if cfg.adaptive_k and k:
             from .dynamic import DynamicSpeculation
             dyn = DynamicSpeculation(cfg, self.scheduler)
@@ -191,7 +216,7 @@ class Engine:
             dead = [p for p in self.procs if p.exitcode is not None]
             if not sched.dead and dead:
                 p = dead[0]
-                sched.fail(EngineDeadError(f"worker {p.name} died (exit code {p.exitcode})"))
+                sched.fail(EngineDeadError(describe_exit(p.name, p.pid, p.exitcode)))
             elif not sched.dead and not stalled:
                 hung = sched.hung_worker(self.config.heartbeat_timeout_s)
                 if hung:
@@ -199,6 +224,9 @@ class Engine:
                     p = next((q for q in self.procs if q.name == f"minedraft-{who}"), self.procs[0])
                     sched.fail(EngineDeadError(f"worker {p.name} (pid {p.pid}) is hung: {why}"))
             if sched.dead:
+                # one line for the operator's log (the requests' own errors go to their clients only)
+                log.error("engine dead: %s", " ".join(str(sched.dead).split("\n")[:1]) + _last_line(sched.dead))
+                self.died.set()
                 await asyncio.get_running_loop().run_in_executor(None, self._stop_workers, 0.0)
                 self._cleanup_shm()
                 return

@@ -14,6 +14,14 @@ from ..ipc.messages import NewRequest
 from ..ipc.messages import StepResult
 
 
+# the setting behind each limit, as the embedded API and the command line spell it (the HTTP and ZeroMQ errors
+# also carry the request field in `param`)
+PROMPT_LIMIT = "EngineConfig.max_prompt_tokens, command line `--max-prompt-tokens`"
+OUTPUT_LIMIT = "EngineConfig.max_tokens_limit, command line `serve --max-tokens-limit`"
+KV_LIMIT = "EngineConfig.kv_cache_tokens / kv_cache_memory_fraction, command line `serve --kv-cache-tokens` / " \
+           "`--kv-cache-memory-fraction`"
+
+
 def make_request(rid: int, prompt, params: SamplingParams | dict | None, tokenizer, config: EngineConfig,
                  vocab_size: int) -> NewRequest:
     """Validate one request and tokenize it; raises InvalidRequestError with a message a user can act on."""
@@ -26,7 +34,7 @@ def make_request(rid: int, prompt, params: SamplingParams | dict | None, tokeniz
             raise InvalidRequestError("prompt is empty", "prompt")
         if len(prompt) > PROMPT_CHARS_PER_TOKEN * config.max_prompt_tokens:  # cheap guard before tokenizing
             raise InvalidRequestError(f"prompt is {len(prompt)} characters; the limit is about "
-                                      f"{config.max_prompt_tokens} tokens", "prompt")
+                                      f"{config.max_prompt_tokens} tokens ({PROMPT_LIMIT})", "prompt")
         check_text(prompt, "prompt", "prompt")
         ids = tokenizer.encode(prompt)
     elif isinstance(prompt, (list, tuple)):
@@ -39,14 +47,14 @@ def make_request(rid: int, prompt, params: SamplingParams | dict | None, tokeniz
     if not ids:
         raise InvalidRequestError("prompt has no tokens", "prompt")
     if len(ids) > config.max_prompt_tokens:
-        raise InvalidRequestError(f"prompt has {len(ids)} tokens; max_prompt_tokens is {config.max_prompt_tokens}",
-                                  "prompt")
+        raise InvalidRequestError(f"prompt has {len(ids)} tokens; the limit is {config.max_prompt_tokens} "
+                                  f"({PROMPT_LIMIT})", "prompt")
     if params.logit_bias and params.logit_bias[-1][0] >= vocab_size:
         raise InvalidRequestError(f"logit_bias token id {params.logit_bias[-1][0]} is not in the vocabulary "
                                   f"[0, {vocab_size})", "logit_bias")
     if params.max_tokens > config.max_tokens_limit:
         raise InvalidRequestError(f"max_tokens={params.max_tokens} exceeds the engine's limit "
-                                  f"{config.max_tokens_limit}", "max_tokens")
+                                  f"{config.max_tokens_limit} ({OUTPUT_LIMIT})", "max_tokens")
     seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(7), "little")
     return NewRequest(rid, ids, params, seed)
 

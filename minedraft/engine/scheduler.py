@@ -24,7 +24,7 @@ from ..errors import EngineDeadError, InvalidRequestError, OverloadedError
 from ..ipc import messages as M
 from ..ipc.codec import decode_status, encode
 from ..outputs import StreamDelta
-from .request_state import RequestState, make_request
+from .request_state import KV_LIMIT, RequestState, make_request
 
 
 @dataclass
@@ -135,7 +135,7 @@ class AsyncScheduler:
             raise InvalidRequestError(f"request cannot be encoded: {e}") from None
         if not self.admission.fits_ever(req):
             raise InvalidRequestError(f"request needs {req.cache_tokens(self.max_draft)} KV positions, more than the "
-                                      f"whole cache ({self.config.kv_cache_tokens})")
+                                      f"whole cache ({self.config.kv_cache_tokens}; {KV_LIMIT})", "max_tokens")
         state = RequestState(name, req, self.tokenizer)
         q: asyncio.Queue = asyncio.Queue()
         self.by_name[name], self.queues[rid] = state, q

