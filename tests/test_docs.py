@@ -107,7 +107,7 @@ def test_stale_module_paths_are_caught():
                              "server_peers.py and minedraft.workers.tp_node")
     assert sorted(found) == sorted(["minedraft/engine/no_such_module.py", "spec/suffix.py", "server_peers.py",
                                     "minedraft.spec.rng", "minedraft.workers.tp_node"])
-    assert stale_references("engine/pipeline.py, minedraft/config.py, minedraft.engine.pipeline.Pipeline, "
+    assert stale_references("minedraft/pipeline.py, minedraft/config.py, minedraft.pipeline.Pipeline, "
                             "scripts/bench/tetris.py, tests/conftest.py, conftest.py, minedraft.Engine") == []
 
 

@@ -8,13 +8,10 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "minedraft"
 
-# lowest first; a unit (a top-level folder, or a top-level module) may import itself and any unit below it. One
-# module is a unit of its own: engine/pipeline.py, the two-batch rhythm that the drafter process runs and the
-# engine's baselines drive; it imports only the basics, so it sits below the workers although its folder is above
-PIPELINE = "engine.pipeline"
+# lowest first; a unit (a top-level folder, or a top-level module) may import itself and any unit below it
 LAYERS = [
     {"errors", "cores", "config", "kv_budget", "outputs", "grammar_check", "sampling_params"},  # shared basics
-    {PIPELINE},    # the two-batch rhythm, I/O-free
+    {"pipeline"},  # the two-batch rhythm, I/O-free: the drafter process runs it, the engine's baselines drive it
     {"ipc"},       # the typed messages and tensor slots between processes
     {"sampling"},  # speculative-sampling maths
     {"controls"},  # output controls and grammars on logits
@@ -23,7 +20,7 @@ LAYERS = [
     {"drafting"},  # every proposer and its loading
     {"workers"},   # the worker processes
     {"models"},    # model folders: checks, pulling
-    {"engine"},    # the caller's process: Engine, scheduler, Pipeline
+    {"engine"},    # the caller's process: Engine, scheduler
     {"serving"},   # front ends
     {"bench"},     # the benchmark
     {"cli"},       # the command line
@@ -64,8 +61,6 @@ def imports_of(name: str, path: Path, known) -> set[str]:
 
 def unit(mod: str) -> str:
     parts = mod.split(".")
-    if ".".join(parts[1:3]) == PIPELINE:
-        return PIPELINE
     return parts[1] if len(parts) > 1 else "__init__"
 
 
@@ -116,9 +111,9 @@ def test_top_level_is_small_and_modules_short():
 
 
 def test_the_pipeline_core_does_no_io():
-    """engine/pipeline.py imports no sockets, processes, shared memory or torch (at any depth of the file)."""
-    tree = ast.parse((PKG / "engine" / "pipeline.py").read_text())
+    """minedraft/pipeline.py imports no sockets, processes, shared memory or torch (at any depth of the file)."""
+    tree = ast.parse((PKG / "pipeline.py").read_text())
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not {m for m in names if m.split(".")[0] in ("zmq", "multiprocessing", "torch", "socket", "asyncio")}
-    assert len((PKG / "engine" / "pipeline.py").read_text().splitlines()) < 400
+    assert len((PKG / "pipeline.py").read_text().splitlines()) < 400

@@ -7,7 +7,7 @@ drafting at all when k = 0), the verifier T_v(k). In the two-batch pipeline a st
 in sequential SD their sum. We pick the k with the best G(k) / step time.
 
 In minedraft mode with merging (`merge_zero`), k = 0 is not a pipeline step: the two half batches merge into
-one (engine/pipeline.py) and the verifier borrows the drafter's cores (workers/plain_steps.py), so a k = 0 step
+one (minedraft/pipeline.py) and the verifier borrows the drafter's cores (workers/plain_steps.py), so a k = 0 step
 carries every running row while a k > 0 step carries half of them.
 
 The model is only the prior. Once a budget has run a few steps at the current load, its measured goodput

@@ -1,7 +1,7 @@
 """In-process baselines: target-alone decoding and standard (sequential) batched speculative decoding.
 
 They run the very same Drafter/Verifier code as the worker processes, one after the other in one thread, with
-continuous batching and KV admission, and the same rhythm object as the drafter process (engine/pipeline.py)
+continuous batching and KV admission, and the same rhythm object as the drafter process (minedraft/pipeline.py)
 with one batch: each step drafts every running row, then verifies them. The two-batch pipeline is measured
 against these.
 """
@@ -17,7 +17,7 @@ from ..cache.admission import Admission
 from ..config import EngineConfig
 from ..errors import InvalidRequestError
 from ..outputs import GenerationResult
-from .pipeline import Pipeline
+from ..pipeline import Pipeline
 from .request_state import RequestState, make_request
 from ..models.check import eos_ids
 from ..controls.logits import Controls

@@ -3,7 +3,7 @@
 It runs in the caller's process and never touches a model. Its BlockManager is the one authority on both
 workers' KV caches (cache/admission.py): a request goes to the drafter only once its blocks are assigned,
 otherwise it waits here. Which batch a request joins, and the two batches' rhythm, are the drafter's
-(engine/pipeline.py); the scheduler reads each step's timings from its verdict.
+(minedraft/pipeline.py); the scheduler reads each step's timings from its verdict.
 """
 
 from __future__ import annotations

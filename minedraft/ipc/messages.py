@@ -47,7 +47,7 @@ class WorkerConfig(_Msg):
     """What both workers take from EngineConfig, derived in one place (of); WorkerSpec adds the wiring."""
     mode: str
     budget: DraftBudget      # the configured k (0: no drafting, autoregressive mode), Tetris' extra and capacity
-    merge_on_zero: bool      # with k = 0 the two batches merge into one (engine/pipeline.py)
+    merge_on_zero: bool      # with k = 0 the two batches merge into one (minedraft/pipeline.py)
     kv_cache_tokens: int
     block_size: int
     dtype: str

@@ -20,8 +20,8 @@ from transformers.utils import logging as hf_logging
 
 from ..sampling.batch_sampling import take_rows
 from ..cache import PagedKVCache
-from ..runner.kernel_forward import KernelModel, unsupported
-from ..runner.kernels import try_load
+from .kernel_forward import KernelModel, unsupported
+from .kernels import try_load
 
 try:  # location is stable across transformers 4.4x and 5.x
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb

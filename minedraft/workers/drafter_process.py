@@ -1,4 +1,4 @@
-"""The drafter process: sockets around the two-batch rhythm (engine/pipeline.py). It drafts batch b while the
+"""The drafter process: sockets around the two-batch rhythm (minedraft/pipeline.py). It drafts batch b while the
 verifier works on the other, and hands plain decoding to the verifier on a lease (docs/ARCHITECTURE.md "One
 step")."""
 
@@ -8,7 +8,7 @@ import time
 
 import zmq
 
-from ..engine.pipeline import Pipeline, Step
+from ..pipeline import Pipeline, Step
 from ..ipc import messages as M
 from ..ipc.codec import decode_cmd, decode_to_drafter, encode
 from ..ipc.tensors import DraftSlots, FeatureSlots

@@ -1,6 +1,6 @@
 """Cores for plain decoding inside minedraft mode: what dynamic speculation does when it drafts nothing (k = 0).
 
-At k = 0 the drafter's two batches merge into one (engine/pipeline.py) and its cores would sit idle, so the
+At k = 0 the drafter's two batches merge into one (minedraft/pipeline.py) and its cores would sit idle, so the
 verifier borrows them, which is how autoregressive mode runs; with drafts again the cores go back. The drafter
 and verifier loops (workers/drafter_process.py, verifier_process.py) call these functions; the controller that
 picks k is engine/dynamic.py.

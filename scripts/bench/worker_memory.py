@@ -45,7 +45,7 @@ def main() -> None:
     a = ap.parse_args()
     kw = {}
     if a.model:
-        from minedraft.cli.models import resolve_model
+        from minedraft.models.hub import resolve_model
         kw["target"], kw["draft"] = resolve_model(a.model, a.draft)
     elif a.draft:
         kw["draft"] = a.draft

@@ -1,4 +1,4 @@
-"""engine/pipeline.py without processes: the two batches' rhythm, merge and split at k = 0, aborts at every point
+"""minedraft/pipeline.py without processes: the two batches' rhythm, merge and split at k = 0, aborts at every point
 of a step, leases, Tetris budgets, and random event sequences against a simulated drafter and verifier."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minedraft.config import DraftBudget
-from minedraft.engine.pipeline import Pipeline
+from minedraft.pipeline import Pipeline
 
 
 @dataclass

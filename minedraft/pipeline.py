@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import DraftBudget
+from .config import DraftBudget
 
 IDLE, DRAFTING, IN_FLIGHT = "idle", "drafting", "in flight"
 
