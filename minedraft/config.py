@@ -15,7 +15,7 @@ DEFAULT_DRAFT = str(MODELS_DIR / "tiny-draft")
 MODES = ("minedraft", "sequential", "autoregressive")
 # the share of available memory the two workers' KV caches take by default: on a 24 GB host with ~20 GB free, the
 # real pair's two workers then start within 2 GB together (docs/BENCHMARKS.md "Worker memory")
-KV_MEMORY_FRACTION = 0.03
+KV_MEMORY_FRACTION = 0.02
 # sizes used when the target's config.json cannot be read (the model check then reports the directory)
 FALLBACK_SIZES = {"kv_cache_tokens": 65536, "max_prompt_tokens": 768, "max_tokens_limit": 512}
 SELF_PREFIX = "self:"

@@ -43,12 +43,12 @@ def test_bytes_per_position_from_config():
 def test_cache_is_a_fraction_of_available_memory_for_both_workers(tmp_path, memory):
     t = _model(tmp_path)
     cfg = EngineConfig(target=t, draft="self:int4")  # a self-draft: the drafter's cache has the target's shape
-    want = int(0.03 * 20 * GiB) // (2 * 46080) // 16 * 16
+    want = int(0.02 * 20 * GiB) // (2 * 46080) // 16 * 16
     assert cfg.kv_cache_tokens == want
-    assert cfg.sizing.kv_bytes == want * 2 * 46080 <= 0.03 * 20 * GiB
+    assert cfg.sizing.kv_bytes == want * 2 * 46080 <= 0.02 * 20 * GiB
     # the suffix drafter runs no model: the whole budget is the target's
     alone = EngineConfig(target=t, draft="suffix")
-    assert alone.kv_cache_tokens == int(0.03 * 20 * GiB) // 46080 // 16 * 16
+    assert alone.kv_cache_tokens == int(0.02 * 20 * GiB) // 46080 // 16 * 16
     half = EngineConfig(target=t, draft="self:int4", kv_cache_memory_fraction=0.015)
     assert abs(half.kv_cache_tokens - want / 2) <= 16
 
@@ -65,7 +65,7 @@ def test_limits_follow_the_context_and_an_881_token_prompt_fits(tmp_path, memory
 
 
 def test_a_small_budget_bounds_the_longest_request(tmp_path, memory):
-    memory(2 * GiB)  # 0.03 of it holds 666 positions per worker (x2 workers), less than the context
+    memory(2 * GiB)  # 0.02 of it holds 444 positions per worker (x2 workers), less than the context
     cfg = EngineConfig(target=_model(tmp_path), draft="self:int4")
     assert cfg.kv_cache_tokens < 8192
     assert cfg.max_prompt_tokens + cfg.max_tokens_limit + cfg.k + 1 <= cfg.kv_cache_tokens

@@ -22,5 +22,7 @@ def model_info(runner) -> dict:
     info = getattr(runner, "draft_info", None)
     if info is None:
         model = getattr(runner, "model", None)
-        info = {"weight_bytes": weight_bytes(model)} if model is not None else {}
+        kernels = getattr(runner, "kernels", None)  # the packed copy, when the modules' own were freed
+        info = {"weight_bytes": weight_bytes(model) + (kernels.nbytes if kernels is not None else 0)} \
+            if model is not None else {}
     return dict(info)

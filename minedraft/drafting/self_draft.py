@@ -72,10 +72,11 @@ def load_self_draft(target_path: str, scheme: str, kv_cache_tokens: int, block_s
                     group: int = GROUP, head: str = "float", act: str = "float32"):
     """The drafter's runner for a self-draft of the target at target_path: load it in float32, convert.
     Returns a ModelRunner with `.draft_info` = {scheme, weight_bytes, load_s}."""
-    from ..runner.model_runner import ModelRunner, load_causal_lm
+    from ..runner.model_runner import ModelRunner, load_causal_lm, return_freed_memory
     t0 = time.perf_counter()
     model = convert(load_causal_lm(target_path, device, "float32"), scheme, group, head, act)
     runner = ModelRunner(model, kv_cache_tokens, block_size)
+    return_freed_memory()  # the float32 weights it was converted from
     runner.draft_info = {"scheme": PREFIX + scheme, "weight_bytes": weight_bytes(model),
                          "load_s": round(time.perf_counter() - t0, 3)}
     return runner

@@ -108,6 +108,26 @@ class KernelModel:
         self.cap, self.scores = 0, torch.empty(0)
         self.step = StepArgs(H=self.H, nh=self.nh, nkv=self.nkv, D=self.D, I=self.I, eps=self.eps, scale=self.scale)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed weights (and biases and norms) this model holds."""
+        tensors = [t for d in self.keep for t in d.values() if t is not None]
+        tensors += [t for t in (self.norm_w, self.head, self.head_bias, self.fc, self.fc_bias) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def release_module_weights(self) -> None:
+        """Free the torch modules' copies of the projections now packed here (the embedding stays: token lookups
+        read it, and a tied head shares it). Only for a runner that owns its model: the torch path cannot run on
+        it afterwards."""
+        empty = lambda: nn.Parameter(torch.empty(0), requires_grad=False)  # noqa: E731
+        for layer in self.runner.layers:
+            a, m = layer.self_attn, layer.mlp
+            for lin in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
+                lin.weight = empty()
+        head = self.runner.lm_head
+        if head.weight is not self.runner.embed.weight:
+            head.weight = empty()
+
     # -- per-step state ----------------------------------------------------------------------------
     def _bind_cache(self):
         cache = self.runner.cache

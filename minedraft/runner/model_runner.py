@@ -9,11 +9,14 @@ one weight stream per step); the torch path below serves every other case, and `
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 from dataclasses import dataclass
 
 import torch
+import transformers
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
@@ -61,11 +64,21 @@ def load_causal_lm(path: str, device="cpu", dtype="float32"):
     """Load a local Hugging Face causal LM; no hub access (local_files_only)."""
     hf_logging.disable_progress_bar()
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+    # read into memory, not mapped from the file: a runner that packs the weights for its kernels then frees
+    # the originals (ModelRunner.from_pretrained), which a file mapping would keep resident
+    extra = {"disable_mmap": True} if int(transformers.__version__.split(".")[0]) >= 5 else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True, **extra)
     kind = model.config.model_type
     if kind not in SUPPORTED:
         raise ValueError(f"model type {kind!r} at {path} is not supported (supported: {sorted(SUPPORTED)})")
     return model.to(device).eval()
+
+
+def return_freed_memory() -> None:
+    """Hand memory freed after loading (weights converted or packed, then dropped) back to the OS: glibc keeps
+    freed heap blocks for reuse, so a worker's resident size would otherwise stay at its loading peak."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def load_vocab_map(path: str) -> tuple[list[int], int] | None:
@@ -183,8 +196,12 @@ class ModelRunner:
     def from_pretrained(cls, path: str, kv_cache_tokens: int, block_size: int = 16, device="cpu",
                         dtype="float32", kernels: bool | None = None) -> "ModelRunner":
         model = load_causal_lm(path, device, dtype)
-        return cls(model, kv_cache_tokens, block_size, load_vocab_map(path),
-                   load_feature_fc(path, device, next(model.parameters()).dtype), kernels)
+        runner = cls(model, kv_cache_tokens, block_size, load_vocab_map(path),
+                     load_feature_fc(path, device, next(model.parameters()).dtype), kernels)
+        if runner.kernels is not None:  # this runner owns the model: keep one copy of the weights, the packed one
+            runner.kernels.release_module_weights()
+        return_freed_memory()
+        return runner
 
     @property
     def hidden_size(self) -> int:
