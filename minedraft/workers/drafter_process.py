@@ -21,9 +21,10 @@ class DrafterProcess(_Worker):
         # draft="suffix" loads no model (spec.draft None); "suffix+<model>" loads the model as usual
         self.runner = self.load(spec.draft) if spec.k and spec.draft else None
         from ..controls.logits import Controls  # grammars see the target's tokenizer and eos ids, as the verifier's
+        from ..runner.gguf import model_dir  # a GGUF target's tokenizer: its companion folder
         self.drafter = make_drafter(self.runner, spec.max_draft, spec.suffix, spec.hybrid_threshold,
-                                    Controls(self.runner.vocab_size if self.runner else 0, spec.eos, spec.target)
-                                    ) if spec.k else None
+                                    Controls(self.runner.vocab_size if self.runner else 0, spec.eos,
+                                             model_dir(spec.target))) if spec.k else None
         self.cmd = self.ctx.socket(zmq.PULL)
         self.cmd.connect(a.cmd)
         self.verdicts = self.ctx.socket(zmq.PULL)
