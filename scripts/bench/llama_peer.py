@@ -12,8 +12,8 @@ batching; minedraft with max_batch_size B):
 Greedy, --max-tokens tokens per request (end-of-sequence ignored), one thread each: llama-server `-t 1 -tb 1`,
 minedraft one core per worker (drafter core 0, verifier core 1) and MINEDRAFT_WORKER_THREADS=1. Repeats are the
 outer loop and the row order reverses every other repeat (a shared box drifts); figures are medians; the ratios
-come last. "same" is the share of requests whose tokens equal llama-server's plain run on the same GGUF (gguf and
-server rows) or minedraft's target alone (torch rows).
+come last. "same" is the share of requests whose tokens equal: for a speculative row, the same runner alone (server
+plain, minedraft ar, gguf ... ar); for the llama.cpp runner alone (gguf ... ar), llama-server's plain run.
 
 llama-server: --server-bin, else $MINEDRAFT_LLAMA_BIN (a folder), else the cached build (~/.cache/minedraft/llama.cpp/
 bin, /root/llama/build/bin); absent, the script says so and exits 0. The F32 GGUF is made once with llama-quantize
@@ -201,7 +201,9 @@ def report(results, a) -> None:
     for (wl, B, label), runs in results.items():
         med[(wl, B, label)] = statistics.median(t for t, _ in runs)
         kind, rest = label.split()[0], label.split()[1:]
-        ref_label = f"server {rest[0]}" if kind in ("gguf", "server") else "minedraft ar"
+        # a speculative row against its own runner alone; the llama.cpp runner alone against llama-server alone
+        ref_label = {"server": f"server {rest[0]}", "minedraft": "minedraft ar",
+                     "gguf": f"gguf {rest[0]} ar" if rest[-1] != "ar" else f"server {rest[0]}"}[kind]
         ref = results.get((wl, B, ref_label)) if ref_label != label else None
         same = ""
         if ref:
