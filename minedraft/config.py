@@ -25,6 +25,33 @@ _DRAFT_FORMS = ("a model directory, " + ", ".join(SELF_PREFIX + s for s in SELF_
                 "'suffix+<model directory or self-draft>'")
 
 
+INSTALL_HINT = ('a .gguf model runs through llama.cpp: install its Python bindings with pip install -e ".[gguf]" '
+                '(or pip install llama-cpp-python; it compiles llama.cpp, ~25 minutes on two cores)')
+
+
+def is_gguf(path) -> bool:
+    """A GGUF model file (run by llama.cpp, minedraft/runner/llama_cpp.py) rather than a model folder."""
+    return isinstance(path, (str, os.PathLike)) and str(path).lower().endswith(".gguf")
+
+
+def llama_cpp_installed() -> bool:
+    """Whether llama-cpp-python is installed (found, not imported: its import loads llama.cpp)."""
+    import importlib.util
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def check_gguf(path: str, name: str = "target") -> str | None:
+    """Why a GGUF path cannot be used (one sentence), or None."""
+    if not os.path.isfile(path):
+        return f"{name} {path!r} is not a file"
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            return f"{name} {path!r} is not a GGUF file (no GGUF magic)"
+    if not llama_cpp_installed():
+        return f"{name} {path!r}: {INSTALL_HINT}"
+    return None
+
+
 def parse_draft(draft: str) -> tuple[bool, str | None]:
     """The draft option, read in one place -> (suffix drafting on, the draft model or None). "suffix": the suffix
     index alone (no draft model); "suffix+<model>": hybrid, per row the suffix proposal when its score clears
@@ -116,8 +143,8 @@ class SuffixConfig:
 
 @dataclass
 class EngineConfig:
-    target: str = DEFAULT_TARGET
-    draft: str = DEFAULT_DRAFT       # a draft model folder, or "self:int4" / "self:bf16" (the target's own weights)
+    target: str = DEFAULT_TARGET     # a Hugging Face model folder, or a .gguf file (llama.cpp runs it: [gguf] extra)
+    draft: str = DEFAULT_DRAFT       # a draft folder or .gguf, or "self:int4" / "self:bf16" (the target's own weights)
     # "minedraft" (two-batch overlap) | "sequential" (standard SD) | "autoregressive" (target alone) | "auto":
     # sequential for suffix drafts alone (no draft model: nothing for the overlap to hide), else minedraft
     mode: str = "auto"
@@ -242,7 +269,14 @@ class EngineConfig:
         if not 0 <= self.hybrid_threshold < float("inf"):
             bad(f"hybrid_threshold must be a number >= 0, got {self.hybrid_threshold!r}")
         for name, p in (("target", self.target), ("draft", None if scheme else model)):
-            if p is not None and not os.path.isdir(p):
+            if is_gguf(p):  # a GGUF file runs through llama.cpp (runner/llama_cpp.py): CPU, one rank
+                problem = check_gguf(p, name)
+                if problem:
+                    bad(problem)
+                if getattr(self, f"{name}_tp") > 1 or getattr(self, f"{name}_device").startswith("cuda"):
+                    bad(f"{name} {p!r} is a GGUF file: it runs through llama.cpp on the CPU, one rank "
+                        f"({name}_tp=1, {name}_device 'auto' or 'cpu')")
+            elif p is not None and not os.path.isdir(p):
                 bad(f"{name} model path {p!r} is not a directory (models load from local paths only; draft may "
                     f"also be {_DRAFT_FORMS[len('a model directory, '):]})")
 

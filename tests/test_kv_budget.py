@@ -49,7 +49,7 @@ def test_cache_is_a_fraction_of_available_memory_for_both_workers(tmp_path, memo
     # the suffix drafter runs no model: the whole budget is the target's
     alone = EngineConfig(target=t, draft="suffix")
     assert alone.kv_cache_tokens == int(0.02 * 20 * GiB) // 46080 // 16 * 16
-    half = EngineConfig(target=t, draft="self:int4", kv_cache_memory_fraction=0.015)
+    half = EngineConfig(target=t, draft="self:int4", kv_cache_memory_fraction=0.01)
     assert abs(half.kv_cache_tokens - want / 2) <= 16
 
 

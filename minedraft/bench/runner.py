@@ -215,7 +215,9 @@ async def _bench(args, control: str = "free") -> list[tuple[str, dict]]:
     workload = "chat" if args.chat else args.workload
     if workload in ("chat", "grounded"):
         from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(args.target, local_files_only=True)
+
+        from ..runner.gguf import model_dir  # a .gguf target (llama.cpp runner): its companion folder
+        tok = AutoTokenizer.from_pretrained(model_dir(args.target), local_files_only=True)
         make_prompts = lambda n, seed: (chat_prompts if workload == "chat" else grounded)(tok, n, seed)  # noqa: E731
     else:
         make_prompts = lambda n, seed: corpus_prompts(n, seed)  # noqa: E731

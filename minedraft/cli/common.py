@@ -90,6 +90,8 @@ def _engine_kw(a) -> dict:
             draft = SUFFIX if named is None else f"{SUFFIX}+{model}"
         else:
             target, draft = resolve_model(a.model, a.draft)
+    from ..runner.gguf import target_for_runner
+    target = target_for_runner(target, getattr(a, "runner", "auto"))  # a ValueError is one line, as the config's
     return dict(target=target, draft=draft, mode=a.mode, k=a.k, adaptive_k=a.adaptive_k, tetris=a.tetris,
                 hybrid_threshold=getattr(a, "hybrid_threshold", 1.0),
                 tetris_capacity=a.tetris_capacity, tetris_extra=a.tetris_extra,

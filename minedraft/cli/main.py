@@ -25,7 +25,8 @@ from .common import (PROG, _cores, _default, _engine_kw, _fail,
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and engine")
     g.add_argument("--target", default=DEFAULT_TARGET, metavar="DIR",
-                   help="target model directory (weights + tokenizer; loaded from local files only) "
+                   help="target model directory (weights + tokenizer; loaded from local files only), or a .gguf "
+                        "file (run by llama.cpp) "
                         "(default: the tiny pair bundled with minedraft, %(default)s)")
     g.add_argument("--draft", default=None, metavar="DRAFT",
                    help="draft model directory (must share the target's tokenizer); or self:int4 / self:bf16: the "
@@ -40,6 +41,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="a named pair instead of --target/--draft: 'tiny' (bundled) or a pulled one such as "
                         "smollm2-135m, which drafts with self:int4 unless --draft says otherwise (see "
                         "`minedraft models list`)")
+    g.add_argument("--runner", choices=("auto", "torch", "llama.cpp"), default="auto",
+                   help="what computes the target's forwards: torch (a model folder), llama.cpp (a .gguf file; with "
+                        "a folder or --model, the .gguf it holds; needs pip install -e \".[gguf]\"), or auto: "
+                        "llama.cpp for a .gguf --target, else torch")
     g.add_argument("--mode", choices=("auto",) + MODES, default=_default("mode"),
                    help="minedraft: draft one batch while verifying the other; sequential: standard "
                         "speculative decoding; autoregressive: target alone; auto (default): sequential for "

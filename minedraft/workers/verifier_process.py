@@ -18,11 +18,12 @@ from .process import POLL_MS, _Worker, drain, placement
 
 class VerifierProcess(_Worker):
     def setup(self):
+        from ..runner.gguf import model_dir
         from .verifier import Verifier
         spec, a = self.spec, self.spec.addr
         self.runner = self.load(spec.cfg.target)
         self.verifier = Verifier(self.runner, spec.cfg.max_draft, spec.eos, features=spec.features,
-                                 tokenizer_dir=spec.cfg.target)
+                                 tokenizer_dir=model_dir(spec.cfg.target))  # a GGUF's: its companion folder
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.setsockopt(zmq.RCVHWM, 0)
@@ -77,6 +78,8 @@ class VerifierProcess(_Worker):
                 continue
             if self.spec.lend_cores:
                 widen_verifier(self.spec, m.k == 0)
+                if hasattr(self.runner, "set_threads"):  # llama.cpp keeps its own thread count
+                    self.runner.set_threads(torch.get_num_threads())
             drafts, q = self.slots.read(m.desc)
             rids = self._step(m, m.rids, drafts, q, m.t0, m.t1, bool(m.adds))
             # A lease (plain decoding, one batch, nothing pending at the drafter): keep stepping this batch
