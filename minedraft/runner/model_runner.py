@@ -64,8 +64,8 @@ def load_causal_lm(path: str, device="cpu", dtype="float32"):
     """Load a local Hugging Face causal LM; no hub access (local_files_only)."""
     hf_logging.disable_progress_bar()
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
-    # read into memory, not mapped from the file: a runner that packs the weights for its kernels then frees
-    # the originals (ModelRunner.from_pretrained), which a file mapping would keep resident
+    # read into memory, not mapped from the file: a worker's runner packs the weights for its kernels and frees
+    # the originals (keep_one_weight_copy), which a file mapping would keep resident
     extra = {"disable_mmap": True} if int(transformers.__version__.split(".")[0]) >= 5 else {}
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True, **extra)
     kind = model.config.model_type
@@ -196,12 +196,15 @@ class ModelRunner:
     def from_pretrained(cls, path: str, kv_cache_tokens: int, block_size: int = 16, device="cpu",
                         dtype="float32", kernels: bool | None = None) -> "ModelRunner":
         model = load_causal_lm(path, device, dtype)
-        runner = cls(model, kv_cache_tokens, block_size, load_vocab_map(path),
-                     load_feature_fc(path, device, next(model.parameters()).dtype), kernels)
-        if runner.kernels is not None:  # this runner owns the model: keep one copy of the weights, the packed one
-            runner.kernels.release_module_weights()
+        return cls(model, kv_cache_tokens, block_size, load_vocab_map(path),
+                   load_feature_fc(path, device, next(model.parameters()).dtype), kernels)
+
+    def keep_one_weight_copy(self) -> None:
+        """For a worker, which owns its runner: with the kernels running, free the torch modules' copies of the
+        packed weights (runner.model can no longer run a transformers forward) and return the memory."""
+        if self.kernels is not None:
+            self.kernels.release_module_weights()
         return_freed_memory()
-        return runner
 
     @property
     def hidden_size(self) -> int:

@@ -180,4 +180,8 @@ def drain(sock, decode):
 
 def _load(spec: WorkerSpec, path: str):
     from ..drafting.load import load_draft  # a model folder, or a self-draft built from spec.cfg.target
-    return load_draft(path, spec.cfg.target, spec.cfg.kv_cache_tokens, spec.cfg.block_size, spec.device, spec.cfg.dtype)
+    runner = load_draft(path, spec.cfg.target, spec.cfg.kv_cache_tokens, spec.cfg.block_size, spec.device,
+                        spec.cfg.dtype)
+    if hasattr(runner, "keep_one_weight_copy"):  # the torch runner; llama.cpp holds one copy already
+        runner.keep_one_weight_copy()
+    return runner

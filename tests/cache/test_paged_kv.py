@@ -263,12 +263,23 @@ def test_runner_num_logits_validation(llama_runner):
     # a row shorter than num_logits (ragged Tetris drafts) is right-aligned, led by copies of its first logits
     llama_runner.cache.allocate("z", 16)
     rows = []
-    hook = llama_runner.lm_head.register_forward_hook(
-        lambda m, args, out: rows.append(args[0].numel() // args[0].shape[-1]))
+    kernels = llama_runner.kernels
+    if kernels is not None:  # the C kernels' head matmul: count the rows it gets
+        plain = kernels.matmul
+
+        def spy(x, w, *rest):
+            if w is kernels.head:
+                rows.append(x.shape[0])
+            return plain(x, w, *rest)
+        kernels.matmul = spy
+        undo = lambda: delattr(kernels, "matmul")  # noqa: E731
+    else:
+        undo = llama_runner.lm_head.register_forward_hook(
+            lambda m, args, out: rows.append(args[0].numel() // args[0].shape[-1])).remove
     try:
         out = llama_runner.forward(["y", "z"], [[1], [1, 2, 3]], num_logits=3)
     finally:
-        hook.remove()
+        undo()
     assert rows == [4]  # the LM head runs once per distinct token (1 + 3), the repeats are copies
     ref_z = hf_logits(llama_runner.model, [1, 2, 3])
     torch.testing.assert_close(out[1], ref_z, atol=ATOL, rtol=0)
