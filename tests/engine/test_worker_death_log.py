@@ -20,18 +20,21 @@ from conftest import engine_config
 
 @pytest.mark.parametrize("who", ["drafter", "verifier"])
 async def test_sigkilled_worker_logs_one_error_line(tiny_pair, who, caplog):
-    cfg = engine_config(tiny_pair, k=3, max_prompt_tokens=64, max_tokens_limit=256, kv_cache_tokens=4096,
+    cfg = engine_config(tiny_pair, k=3, max_prompt_tokens=64, max_tokens_limit=3900, kv_cache_tokens=4096,
                         max_batch_size=4)
     caplog.set_level(logging.INFO, logger="minedraft")
     async with Engine(cfg) as engine:
         victim = engine.procs[0 if who == "drafter" else 1]
-        task = asyncio.ensure_future(engine.generate("the class", SamplingParams(max_tokens=250, ignore_eos=True)))
-        await asyncio.sleep(0.3)
+        # a request far from done when the worker dies: the kill comes at its first streamed text (a fixed sleep
+        # raced a fast runner, which finished 250 tokens first)
+        stream = engine.stream("the class", SamplingParams(max_tokens=3900, ignore_eos=True))
+        await stream.__anext__()
         assert not engine.died.is_set()
         os.kill(victim.pid, signal.SIGKILL)
         await asyncio.wait_for(engine.died.wait(), 10)
         with pytest.raises(EngineDeadError, match="SIGKILL.*out-of-memory.*--kv-cache"):
-            await task
+            async for _ in stream:
+                pass
     lines = [r for r in caplog.records if r.name == "minedraft.engine" and r.levelno == logging.ERROR]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     msg = lines[0].getMessage()
