@@ -127,15 +127,20 @@ async def test_idle_shutdown_is_fast_and_needs_no_kill(tiny_pair):
 
 
 async def test_shutdown_under_load_needs_no_kill(tiny_pair):
-    engine = await Engine.start(_cfg(tiny_pair))
-    tasks = [asyncio.ensure_future(engine.generate(f"the def {i}", _greedy(200))) for i in range(8)]
-    await asyncio.sleep(0.3)
+    # Shut down once every stream has its first text, with thousands of tokens to go: a fixed sleep raced the
+    # kernel runner, which can finish a few hundred tokens of the tiny pair before the sleep is over.
+    engine = await Engine.start(_cfg(tiny_pair, max_tokens_limit=3900, kv_cache_tokens=8 * 4096))
+    tasks, counts, outcome = await _collect_failures(engine, 8, max_tokens=3900)
+    deadline = time.monotonic() + 20
+    while not all(counts) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert all(counts), counts
     procs = list(engine.procs)
     t0 = time.monotonic()
     await asyncio.wait_for(engine.shutdown(), 10)
     took = time.monotonic() - t0
-    done = await asyncio.gather(*tasks, return_exceptions=True)
-    assert all(isinstance(r, EngineDeadError) for r in done)
+    await asyncio.gather(*tasks)
+    assert all(isinstance(outcome[i], EngineDeadError) for i in range(8)), outcome
     assert [p.exitcode for p in procs] == [0, 0]
     assert took < 2.0, f"shutdown under load took {took:.2f} s"
 
