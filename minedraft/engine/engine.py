@@ -30,14 +30,13 @@ from ..config import EngineConfig
 from ..cores import resolve as resolve_cores, worker_environment
 from ..errors import EngineDeadError, InvalidRequestError
 from ..ipc.messages import Addresses, WorkerConfig, WorkerSpec
-from ..ipc.tensors import create_shm, destroy_shm, feature_slot_nbytes, slot_nbytes
+from ..ipc.shm import create_shm, destroy_shm, feature_slot_nbytes, slot_nbytes
 from ..outputs import GenerationResult, StreamDelta
 from ..sampling_params import SamplingParams, as_params
 from .step_stats import StepStats
 from .worker_exit import describe_exit
 from ..cache.admission import prefix_stats
-from ..workers.drafter_process import drafter_main
-from ..workers.verifier_process import verifier_main
+from ..workers.spawn import role_processes
 
 log = logging.getLogger("minedraft.engine")
 
@@ -45,10 +44,28 @@ WATCH_S = 0.1
 STOP_GRACE_S = 5.0   # how long a stopped worker may take to exit before it is killed
 
 
+def _torch_has_cuda() -> bool:
+    """Whether the installed torch is a CUDA build and a GPU driver is present, told without importing torch
+    (seconds of the caller's start-up): its version module names the CUDA version it was built for."""
+    import importlib.util
+    import re
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin or not os.path.exists("/proc/driver/nvidia/version"):
+        return False
+    try:
+        with open(os.path.join(os.path.dirname(spec.origin), "version" + os.extsep + "py")) as f:
+            m = re.search(r"^cuda(?::[^=]*)?=\s*(.+)$", f.read(), re.M)
+    except OSError:
+        return True  # cannot tell: ask torch itself
+    return m is None or m.group(1).strip() != "None"
+
+
 def _resolve_devices(cfg: EngineConfig) -> tuple[str, str]:
-    import torch
-    cuda = torch.cuda.is_available()
-    n = torch.cuda.device_count() if cuda else 0
+    cuda, n = False, 0
+    if "auto" in (cfg.target_device, cfg.draft_device) and _torch_has_cuda():
+        import torch
+        cuda = torch.cuda.is_available()
+        n = torch.cuda.device_count() if cuda else 0
     target = cfg.target_device if cfg.target_device != "auto" else ("cuda:0" if cuda else "cpu")
     # the drafter gets the first GPU past the target's ranks, if there is one; else it shares cuda:0
     draft = cfg.draft_device if cfg.draft_device != "auto" else (
@@ -66,7 +83,8 @@ def _hidden_size(target: str) -> int:
 
 # transformers imports its classes lazily, and two threads resolving the same lazy name at once make one of them
 # fail ("cannot import name 'AutoConfig'"): engines started concurrently in one process (each runs this in an
-# executor thread) take turns here, and the heavy modules the event loop imports later are loaded here first
+# executor thread) take turns here (a tokenizer may still come from AutoTokenizer, and chat templates are
+# rendered by transformers' renderer)
 _IMPORT_LOCK = threading.Lock()
 
 
@@ -75,8 +93,6 @@ def _load_tokenizer_and_meta(cfg: EngineConfig):
     included), and load the target's tokenizer."""
     from ..models.check import check_pair
     with _IMPORT_LOCK:
-        from ..runner import model_runner  # noqa: F401 - loaded once, under the lock
-        from ..workers import tp_ranks  # noqa: F401
         return check_pair(cfg.target, cfg.draft_model or cfg.target,
                           need_draft=cfg.speculative and cfg.draft_model is not None, target_tp=cfg.target_tp,
                           draft_tp=cfg.draft_tp)
@@ -155,7 +171,7 @@ class Engine:
         # suffix drafts alone never send probabilities (q None): no room for them
         nbytes = slot_nbytes(cfg.max_batch_size, max(cfg.max_draft, 1), vocab if cfg.draft_model else 0)
         # a feature-conditioned draft gets the target's features back with each verdict (ipc/tensors.py)
-        from ..runner.model_runner import FEATURE_FILE
+        from ..runner.model_files import FEATURE_FILE
         feat_nbytes = feature_slot_nbytes(cfg, _hidden_size(cfg.target)) if (
             k and cfg.draft_model and os.path.exists(os.path.join(cfg.draft_model, FEATURE_FILE))) else 0
         if not draft_dev.startswith("cuda"):
@@ -175,13 +191,12 @@ class Engine:
             self.step_stats = StepStats(k)
             self.scheduler.verdict_listeners.append(self.step_stats)
             mpc = mp.get_context("spawn")
-            from ..workers.tp_ranks import role_processes  # imports torch.distributed: not at engine import
             # each role's cores are split among its ranks (shared when there are fewer cores than ranks)
-            draft_procs = role_processes(mpc, "drafter", drafter_main,
+            draft_procs = role_processes(mpc, "drafter",
                                          replace(common, device=draft_dev, share_cores=target_cores if lend else None),
                                          cfg.draft_tp if k else 1, draft_cores, f"file://{self._tmp}/tp_drafter",
                                          cfg.tp_timeout_s)
-            verify_procs = role_processes(mpc, "verifier", verifier_main,
+            verify_procs = role_processes(mpc, "verifier",
                                           replace(common, device=target_dev, lend_cores=draft_cores if lend else None),
                                           cfg.target_tp, target_cores, f"file://{self._tmp}/tp_verifier",
                                           cfg.tp_timeout_s)

@@ -5,7 +5,7 @@ and broadcasts only a small descriptor. Slot b is written again only after the v
 has come back, and the verifier sends that verdict only after it has finished reading, so the producer keeps
 the buffer alive and untouched exactly as long as the consumer needs it, with no extra handshake.
 
-CPU: POSIX shared memory created by the engine (the parent), which unlinks it on shutdown; if the parent is
+CPU: POSIX shared memory created by the engine (the parent, through shm.py, which needs no torch), which unlinks it on shutdown; if the parent is
 killed, Python's resource tracker unlinks it. GPU: CUDA memory allocated by the drafter, shared once at start
 through torch's CUDA IPC handles; the drafter synchronizes before it broadcasts.
 
@@ -26,33 +26,6 @@ import torch
 from .messages import DraftsDesc, FeatureDesc
 
 _DTYPES = {"int64": torch.int64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def slot_nbytes(max_batch: int, max_draft: int, vocab: int) -> int:
-    """max_draft: the most drafts one row can carry (k + Tetris extra)."""
-    return max_batch * 8 + max_batch * max_draft * 8 + max_batch * max_draft * vocab * 4
-
-
-def create_shm(num_slots: int, nbytes: int) -> list[shared_memory.SharedMemory]:
-    return [shared_memory.SharedMemory(create=True, size=max(nbytes, 8)) for _ in range(num_slots)]
-
-
-def destroy_shm(segments) -> None:
-    for s in segments:
-        try:
-            s.close()
-            s.unlink()
-        except FileNotFoundError:
-            pass
-
-
-def feature_slot_nbytes(cfg, hidden: int) -> int:
-    """A verdict carries each position's feature once, when the verifier keeps it (a lease's steps included: no
-    row joins a batch while it is leased). So it holds at most what its rows can cache (the KV cache bounds
-    it) and at most every row's whole life, prompt and output (max_batch_size rows of max_prompt_tokens +
-    max_tokens_limit, and the drafts of one step): on a big cache the second bound is far tighter."""
-    rows = cfg.max_batch_size * (cfg.max_prompt_tokens + cfg.max_tokens_limit + cfg.max_draft + 1)
-    return min(cfg.kv_cache_tokens, rows) * hidden * getattr(torch, cfg.dtype).itemsize
 
 
 class _Slots:

@@ -76,29 +76,45 @@ def check_model_dir(path: str, role: str) -> dict:
 
 
 def load_tokenizer(path: str, role: str = "target"):
-    from transformers import AutoTokenizer
+    from .tokenizer import load_tokenizer as load
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return load(path)
     except Exception as e:  # tokenizers/transformers raise many types; the message is what matters
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelDirError(f"cannot load a tokenizer from {role} model directory {path} ({first[:200]})") from None
 
 
-def _tp_check(config, world: int) -> None:
-    from ..runner.tensor_parallel import check_model  # imports torch.distributed: only when ranks are asked for
-    check_model(config, world)
+def model_config(path: str, role: str = "target"):
+    """The fields of config.json the caller needs (vocab_size, hidden_size, eos_token_id), read as JSON: loading
+    it through transformers' AutoConfig would import torch into the caller's process."""
+    from types import SimpleNamespace
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            cfg = json.load(f)
+        return SimpleNamespace(vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
+                               eos_token_id=cfg.get("eos_token_id"))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ModelDirError(f"{role} model directory {path} has an unusable config.json ({e})") from None
+
+
+def _tp_check(path: str, world: int) -> None:
+    if world > 1:  # imports torch.distributed and transformers: only when ranks are asked for
+        from transformers import AutoConfig
+
+        from ..runner.tensor_parallel import check_model
+        check_model(AutoConfig.from_pretrained(path, local_files_only=True), world)
 
 
 def draft_feature_size(draft: str, dcfg) -> int | None:
     """The size of the target feature a feature-conditioned draft reads (None: an ordinary draft)."""
     from safetensors import safe_open
 
-    from ..runner.model_runner import FEATURE_FILE
+    from ..runner.model_files import FEATURE_FILE
     f = os.path.join(draft, FEATURE_FILE)
     if not os.path.exists(f):
         return None
     try:
-        with safe_open(f, "pt") as fh:
+        with safe_open(f, "numpy") as fh:
             rows, cols = fh.get_slice("weight").get_shape()
     except Exception as e:  # noqa: BLE001 - any unreadable file gets the same one-line error
         raise ModelDirError(f"draft model directory {draft} has an unreadable {FEATURE_FILE} ({e})") from None
@@ -122,16 +138,13 @@ def check_pair(target: str, draft: str, need_draft: bool = True, target_tp: int 
         elif needed:
             check_model_dir(path, role)
     target, draft = model_dir(target), model_dir(draft) if need_draft else draft
-    from transformers import AutoConfig  # slow to import: only once the cheap checks passed
-
-    check_model = _tp_check if target_tp > 1 or draft_tp > 1 else (lambda cfg, world: None)
     tok = load_tokenizer(target, "target")
-    tcfg = AutoConfig.from_pretrained(target, local_files_only=True)
-    check_model(tcfg, target_tp)
+    tcfg = model_config(target, "target")
+    _tp_check(target, target_tp)
     if need_draft:
-        from ..runner.model_runner import load_vocab_map
-        dcfg = AutoConfig.from_pretrained(draft, local_files_only=True)
-        check_model(dcfg, draft_tp)
+        from ..runner.model_files import load_vocab_map
+        dcfg = model_config(draft, "draft")
+        _tp_check(draft, draft_tp)
         try:
             vmap = load_vocab_map(draft)  # a reduced-vocabulary draft names the vocabulary it maps into
         except (OSError, ValueError, KeyError, TypeError) as e:

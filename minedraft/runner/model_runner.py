@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 from dataclasses import dataclass
 
@@ -22,7 +21,8 @@ from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from ..sampling.batch_sampling import take_rows
-from ..cache import PagedKVCache
+from ..cache.paged_kv import PagedKVCache
+from .model_files import FEATURE_FILE, load_vocab_map
 from .kernel_forward import KernelModel, unsupported
 from .kernels import try_load
 
@@ -38,8 +38,6 @@ except ImportError:  # pragma: no cover
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 SUPPORTED = {"llama", "mistral", "qwen2", "qwen3"}
-VOCAB_MAP_FILE = "draft_vocab.json"  # a draft whose vocabulary is a subset of its target's (see load_vocab_map)
-FEATURE_FILE = "eagle_fc.safetensors"  # a feature-conditioned (EAGLE-style) draft: see load_feature_fc
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -79,22 +77,6 @@ def return_freed_memory() -> None:
     freed heap blocks for reuse, so a worker's resident size would otherwise stay at its loading peak."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def load_vocab_map(path: str) -> tuple[list[int], int] | None:
-    """A reduced-vocabulary draft carries draft_vocab.json: {"target_vocab_size": V, "token_ids": [...]}. Its row i
-    is target token token_ids[i]; its last row stands for every other token (inputs only, never proposed). Its
-    probability outside token_ids is exactly zero, so rejection sampling stays lossless: the verifier's residual
-    max(0, p - q) simply keeps p there."""
-    f = os.path.join(path, VOCAB_MAP_FILE)
-    if not os.path.exists(f):
-        return None
-    with open(f) as fh:
-        m = json.load(fh)
-    ids, V = [int(t) for t in m["token_ids"]], int(m["target_vocab_size"])
-    if len(set(ids)) != len(ids) or not all(0 <= t < V for t in ids):
-        raise ValueError(f"{f}: token_ids must be distinct ids below target_vocab_size={V}")
-    return ids, V
 
 
 def load_feature_fc(path: str, device="cpu", dtype=torch.float32) -> torch.nn.Linear | None:

@@ -138,7 +138,3 @@ class DrafterProcess(_Worker):
         src = self.drafter.sources if self.spec.cfg.suffix is not None and s.per_row else None
         self.pub.send(encode(M.Drafts(s.batch, s.step, s.rids, s.adds, s.removes, desc, t0, t1, s.k, lease,
                                       src)))  # src: each row's draft source (suffix drafts)
-
-
-def drafter_main(spec: M.WorkerSpec) -> None:
-    DrafterProcess(spec, "drafter").run()

@@ -143,7 +143,3 @@ class VerifierProcess(_Worker):
             self.held, self.held_feats = [], []
         self.to_drafter.send(out)
         return []
-
-
-def verifier_main(spec: M.WorkerSpec) -> None:
-    VerifierProcess(spec, "verifier").run()

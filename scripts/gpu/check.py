@@ -131,7 +131,7 @@ def tp_check(target: str, draft: str, cpu: bool, prompts: int = 8, max_tokens: i
     from minedraft.engine.engine import Engine
     from minedraft.engine.local_engine import LocalEngine
     from minedraft.sampling_params import SamplingParams
-    from minedraft.workers.tp_ranks import rank_device
+    from minedraft.workers.spawn import rank_device
 
     texts, dev = corpus_prompts(prompts, seed=7), "cpu" if cpu else "auto"
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)

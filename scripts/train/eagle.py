@@ -259,7 +259,7 @@ def phase_train(args):
 def phase_export(args):
     from safetensors.torch import save_file
 
-    from minedraft.runner.model_runner import FEATURE_FILE
+    from minedraft.runner.model_files import FEATURE_FILE
     tdir = target_path(args)
     target = load_target(tdir)
     token_ids = vocab_subset(args)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from minedraft.cache import PagedKVCache
+from minedraft.cache.paged_kv import PagedKVCache
 from minedraft.cache.blocks import BlockManager
 
 BS = 4

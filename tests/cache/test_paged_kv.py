@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minedraft.cache import PagedKVCache
+from minedraft.cache.paged_kv import PagedKVCache
 from minedraft.cache.paged_kv import BlockAllocator
 from minedraft.runner.model_runner import ModelRunner
 

@@ -25,7 +25,8 @@ from minedraft.models.check import ModelDirError, check_pair
 from minedraft.sampling.reference import process_logits
 from minedraft.sampling_params import SamplingParams
 from minedraft.drafting import drafter as drafter_mod
-from minedraft.runner.model_runner import FEATURE_FILE, ModelRunner
+from minedraft.runner.model_files import FEATURE_FILE
+from minedraft.runner.model_runner import ModelRunner
 
 from conftest import MODELS_DIR
 from sampling_law import chi2_critical, chi2_stat

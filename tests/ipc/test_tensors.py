@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from minedraft.ipc.messages import DraftsDesc
-from minedraft.ipc.tensors import DraftSlots, create_shm, destroy_shm, slot_nbytes
+from minedraft.ipc.shm import create_shm, destroy_shm, slot_nbytes
+from minedraft.ipc.tensors import DraftSlots
 
 
 def test_slots_round_trip_and_empty_drafts_leave_the_slot_alone():
@@ -32,7 +33,8 @@ def test_slots_round_trip_and_empty_drafts_leave_the_slot_alone():
 def test_feature_slots_round_trip_ragged_rows():
     """A verdict's features: rows of different lengths (0 included) come back as separate copies, in order and in
     their dtype; a verdict bigger than the slot is refused, not written past its end."""
-    from minedraft.ipc.tensors import FeatureSlots, feature_slot_nbytes
+    from minedraft.ipc.shm import feature_slot_nbytes
+    from minedraft.ipc.tensors import FeatureSlots
 
     from minedraft.config import EngineConfig
     assert feature_slot_nbytes(EngineConfig(max_batch_size=2, max_prompt_tokens=64, max_tokens_limit=32, k=3),

@@ -207,7 +207,8 @@ async def test_pipeline_seeded_output_ignores_batch_with_tetris_and_dynamic_k(ti
 
 def test_draft_slots_carry_ragged_rows():
     """The shared-memory slot round-trips per-row counts, padded tokens and q (what the verifier reads)."""
-    from minedraft.ipc.tensors import DraftSlots, create_shm, destroy_shm, slot_nbytes
+    from minedraft.ipc.shm import create_shm, destroy_shm, slot_nbytes
+    from minedraft.ipc.tensors import DraftSlots
     segs = create_shm(2, slot_nbytes(4, 5, 7))
     try:
         slots = DraftSlots.attach_shm([s.name for s in segs])

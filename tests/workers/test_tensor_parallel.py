@@ -35,6 +35,7 @@ from minedraft.errors import EngineDeadError
 from minedraft.engine.local_engine import LocalEngine
 from minedraft.sampling.reference import process_logits
 from minedraft.sampling_params import SamplingParams
+from minedraft.workers import spawn
 from minedraft.workers import tp_ranks as tp_workers
 from minedraft.runner.model_runner import ModelRunner
 from minedraft.ipc.messages import NewRequest
@@ -392,7 +393,7 @@ def test_bad_tp_sizes_fail_before_any_process(tiny_pair, models):
 
 
 def test_ranks_split_their_roles_cores():
-    assert tp_workers.split_cores([4, 5, 6, 7], 2) == [[4, 5], [6, 7]]
-    assert tp_workers.split_cores([1, 2, 3], 2) == [[1], [2, 3]]
-    assert tp_workers.split_cores([3], 2) == [[3], [3]]        # too few: shared
-    assert tp_workers.split_cores([0, 1], 4) == [[0], [1], [0], [1]]
+    assert spawn.split_cores([4, 5, 6, 7], 2) == [[4, 5], [6, 7]]
+    assert spawn.split_cores([1, 2, 3], 2) == [[1], [2, 3]]
+    assert spawn.split_cores([3], 2) == [[3], [3]]        # too few: shared
+    assert spawn.split_cores([0, 1], 4) == [[0], [1], [0], [1]]
