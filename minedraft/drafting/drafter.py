@@ -33,6 +33,7 @@ class _DraftSeq:
     #                                    before the first unfed token (a zero row stands before token 0)
     ctl: RowControl | None = None      # penalties / logit bias / grammar (controls/logits.py), None without
     skip: int = 0          # features still to drop from the head of the stream: those of a cached prefix
+    fresh: bool = True     # not in a step yet: its first step drafts nothing (see Drafter.draft)
 
 
 class Drafter:
@@ -78,9 +79,15 @@ class Drafter:
         [B, max kept, V]. capacity (Tetris): keep only that many drafts across the batch, the best-ranked
         prefixes (tetris.select); None keeps all k for every row."""
         k = min(k, self.max_draft)
+        # A row's first step drafts nothing: its draft prefill (a whole prompt through the draft model) would
+        # otherwise come before the target's prefill and delay the first token by it. The drafter process
+        # runs that prefill right after sending the step (prefill), while the verifier prefills the target.
+        fresh = {r for r in rids if self.seqs[r].fresh}
+        for r in fresh:
+            self.seqs[r].fresh = False
         if not k:
             return [[] for _ in rids], None
-        ready = [i for i, r in enumerate(rids) if self._ready(r, self.seqs[r])]
+        ready = [i for i, r in enumerate(rids) if r not in fresh and self._ready(r, self.seqs[r])]
         if len(ready) < len(rids):  # rows without a budget or still waiting for features draft nothing
             sub, q = self.draft([rids[i] for i in ready], k, capacity) if ready else ([], None)
             drafts = [[] for _ in rids]
@@ -144,6 +151,23 @@ class Drafter:
         drafts = [row[:c] for row, c in zip(tok.tolist(), counts)]
         q = torch.stack(qs, 1)[:, :kept] if qs[0] is not None and kept else None
         return drafts, q
+
+    def prefill(self, rids: list[int]) -> None:
+        """Feed new rows' prompts into the draft model's cache now (their first step drafted nothing), so their
+        next draft feeds only the verdict's tokens. A feature-conditioned draft waits for the target's features
+        of the prompt, which come with the first verdict."""
+        rids = [r for r in rids if r in self.seqs]
+        for r in rids:
+            self.seqs[r].fresh = False
+        cache = self.runner.cache
+        feed = [(r, self.seqs[r].tokens[cache.length(r):]) for r in rids]
+        feed = [(r, f) for r, f in feed if f]
+        if self.features or not feed:
+            return
+        self.runner.forward([r for r, _ in feed], [f for _, f in feed], 1)
+        for r, _ in feed:
+            s = self.seqs[r]
+            cache.commit(r, s.tokens, len(s.tokens))
 
     def apply(self, rid: int, num_accepted: int, new_tokens: list[int], features: torch.Tensor | None = None
               ) -> None:

@@ -45,6 +45,10 @@ class SuffixDrafter:
         if self.model:
             self.model.remove(rid, last_tokens)
 
+    def prefill(self, rids: list[int]) -> None:
+        if self.model:
+            self.model.prefill(rids)
+
     def apply(self, rid: int, num_accepted: int, new_tokens: list[int], features=None) -> None:
         self.index.extend(rid, new_tokens)
         if self.model:

@@ -138,3 +138,5 @@ class DrafterProcess(_Worker):
         src = self.drafter.sources if self.spec.cfg.suffix is not None and s.per_row else None
         self.pub.send(encode(M.Drafts(s.batch, s.step, s.rids, s.adds, s.removes, desc, t0, t1, s.k, lease,
                                       src)))  # src: each row's draft source (suffix drafts)
+        if self.drafter and s.adds:  # their draft prefill, while the verifier prefills the target (Drafter.draft)
+            self.drafter.prefill([r.rid for r in s.adds])
