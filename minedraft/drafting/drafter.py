@@ -154,20 +154,21 @@ class Drafter:
 
     def prefill(self, rids: list[int]) -> None:
         """Feed new rows' prompts into the draft model's cache now (their first step drafted nothing), so their
-        next draft feeds only the verdict's tokens. A feature-conditioned draft waits for the target's features
+        next draft feeds only the prompt's last token and the verdict's. A feature-conditioned draft waits for the target's features
         of the prompt, which come with the first verdict."""
         rids = [r for r in rids if r in self.seqs]
         for r in rids:
             self.seqs[r].fresh = False
         cache = self.runner.cache
-        feed = [(r, self.seqs[r].tokens[cache.length(r):]) for r in rids]
+        # all but the last token: a draft always feeds at least one (its logits are the first draft's)
+        feed = [(r, self.seqs[r].tokens[cache.length(r):-1]) for r in rids]
         feed = [(r, f) for r, f in feed if f]
         if self.features or not feed:
             return
         self.runner.forward([r for r, _ in feed], [f for _, f in feed], 1)
-        for r, _ in feed:
+        for r, f in feed:
             s = self.seqs[r]
-            cache.commit(r, s.tokens, len(s.tokens))
+            cache.commit(r, s.tokens, cache.length(r))
 
     def apply(self, rid: int, num_accepted: int, new_tokens: list[int], features: torch.Tensor | None = None
               ) -> None:

@@ -52,11 +52,11 @@ def test_prefill_feeds_the_prompt_so_the_next_draft_feeds_only_the_verdict():
     d.add(_req(2, 3))
     assert d.draft([1, 2], 4)[0] == [[], []]
     d.prefill([1, 2])
-    assert runner.fed == [43] and runner.cache.length(1) == 40
+    assert runner.fed == [41] and runner.cache.length(1) == 39   # all but each prompt's last token
     d.apply(1, 0, [7])
     d.apply(2, 0, [9])
     drafts, _ = d.draft([1, 2], 4)
-    assert [len(x) for x in drafts] == [4, 4] and runner.fed[1] == 2   # one new token per row
+    assert [len(x) for x in drafts] == [4, 4] and runner.fed[1] == 4   # two new tokens per row
 
 
 def test_through_the_engine_the_first_verdict_carries_no_drafts_and_the_next_do(tiny_pair):

@@ -394,6 +394,7 @@ def test_drafter_keeps_accepted_drafts_and_drafts_from_the_right_context(tiny_pa
         e.verifier.add(s.req)
         e.drafter.add(s.req)
     rids = [s.req.rid for s in states]
+    e.drafter.prefill(rids)  # the prompts fed, as the drafter process does after a row's first step: drafts now
     seen_partial = False
     for _ in range(6):
         tokens = {r: list(e.drafter.seqs[r].tokens) for r in rids}

@@ -170,6 +170,7 @@ def test_hybrid_q_is_the_models_for_model_rows_and_one_hot_for_suffix_rows(tiny_
               for i, p in [(1000, x + x[:8]), (1001, [7, 8, 9])]]  # the first repeats its prompt, the second
     running = {}
     eng._admit(deque(states), running)                               # has nothing to copy
+    eng.drafter.prefill([1000, 1001])   # the model's prompts fed (a row's first step drafts no model tokens)
     drafts, q = eng.drafter.draft([1000, 1001], 4)
     assert eng.drafter.sources == ["suffix", "model"] and drafts[0] == x[8:12] and len(drafts[1]) == 4
     assert torch.equal(q[0], torch.nn.functional.one_hot(torch.tensor(x[8:12]), q.shape[-1]).float())

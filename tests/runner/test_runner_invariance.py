@@ -82,13 +82,27 @@ def test_rows_are_bitwise_batch_invariant(model):
 
 
 def test_logits_agree_with_transformers(model):
+    """Within 1e-4 of transformers' float32 forward; where that forward itself is further than this from the exact
+    answer (its float64 forward: torch's float32 GEMMs on an Intel AVX-512 host were 3.5e-4 off on the real model,
+    the runner 1.1e-4), the runner must be at least as close to the float64 logits as transformers' float32 is."""
+    import copy
     runner = _runner(model)
+    exact = None
     for r, (prompt, new) in enumerate(_cases(runner.vocab_size, 2)):
         runner.cache.allocate(r, 64)
         ours = runner.forward([r], [prompt + new], len(prompt) + NEW)[0]
+        x = torch.tensor([prompt + new])
         with torch.no_grad():
-            ref = model(torch.tensor([prompt + new])).logits[0]
-        torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+            ref = model(x).logits[0]
+        try:
+            torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
+        except AssertionError:
+            if exact is None:
+                exact = copy.deepcopy(model).double()
+            with torch.no_grad():
+                ref64 = exact(x).logits[0]
+            ours_err, ref_err = (ours.double() - ref64).abs().max(), (ref.double() - ref64).abs().max()
+            assert ref_err > 1e-4 and ours_err <= ref_err, (float(ours_err), float(ref_err))
 
 
 def test_greedy_differs_from_generate_only_at_near_ties(model):

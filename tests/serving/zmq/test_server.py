@@ -29,7 +29,9 @@ from minedraft.serving.zmq.access import BindError, check_bind, is_loopback_endp
 # Every async test runs on the module's loop, so they share one Engine; sync tests need no loop.
 amod = pytest.mark.asyncio(loop_scope="module")
 
-MAX_TOKENS_LIMIT = 128
+# long enough that a request of this many tokens is still running when a test acts on it (disconnect, abort):
+# the kernel runner finishes 128 tokens of the tiny pair in a fraction of a second
+MAX_TOKENS_LIMIT = 1024
 MAX_PROMPT = 64
 MSG_LIMIT = 64 * 1024
 REPLY_TIMEOUT = 15.0
@@ -43,7 +45,7 @@ def greedy(n: int) -> dict:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine(tiny_pair):
     cfg = EngineConfig(target=tiny_pair.target, draft=tiny_pair.draft, k=3, max_prompt_tokens=MAX_PROMPT,
-                       max_tokens_limit=MAX_TOKENS_LIMIT, kv_cache_tokens=8192, max_batch_size=16)
+                       max_tokens_limit=MAX_TOKENS_LIMIT, kv_cache_tokens=16384, max_batch_size=16)
     async with Engine(cfg) as e:
         yield e
 
@@ -482,7 +484,7 @@ async def test_disconnected_client_generate_requests_are_aborted_at_once(server,
     while server.stats.clients_dropped == before[0] and time.monotonic() < deadline:
         await asyncio.sleep(0.001)
     assert server.stats.clients_dropped == before[0] + 1
-    # aborted, well before its 128 tokens: unnoticed, it would have run to the end and only its result's send
+    # aborted, well before its MAX_TOKENS_LIMIT tokens: unnoticed, it would have run to the end and only its result's send
     # would have failed
     assert engine.stats()["aborted"] == before[1] + 1
     assert engine.stats()["output_tokens"] - before[2] < MAX_TOKENS_LIMIT
