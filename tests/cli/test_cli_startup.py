@@ -69,9 +69,22 @@ def test_bad_model_directory_answers_before_loading(tmp_path, capsys):
     assert time.monotonic() - t0 < 5
 
 
+def _group_size(pgid: int) -> int:
+    """Processes in process group pgid (the command and the workers it spawned)."""
+    n = 0
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    n += int(f.read().rsplit(")", 1)[1].split()[2]) == pgid
+            except (OSError, ValueError, IndexError):
+                pass  # exited meanwhile
+    return n
+
+
 def _interrupt(argv: list[str], when) -> tuple[int, str, str]:
     """Run the CLI in its own session and send SIGINT to its whole process group, as a terminal's Ctrl-C does,
-    once when(proc, stdout_so_far) is true."""
+    once when(pid, seconds, stdout_so_far) is true."""
     # SIGINT as a terminal leaves it (a shell's background job would inherit it ignored, and never see Ctrl-C)
     proc = subprocess.Popen([sys.executable, "-m", "minedraft", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=_env(), start_new_session=True,
@@ -80,7 +93,7 @@ def _interrupt(argv: list[str], when) -> tuple[int, str, str]:
     out = b""
     t0 = time.monotonic()
     try:
-        while not when(time.monotonic() - t0, out):
+        while not when(proc.pid, time.monotonic() - t0, out):
             chunk = proc.stdout.read()
             out += chunk or b""
             assert proc.poll() is None, (proc.returncode, out, proc.stderr.read())
@@ -109,9 +122,11 @@ def _interrupt(argv: list[str], when) -> tuple[int, str, str]:
 def test_ctrl_c_at_any_moment(tiny_pair, moment):
     argv = ["generate", "the class statement", "--target", tiny_pair.target, "--draft", tiny_pair.draft,
             "--max-tokens", "400", "--ignore-eos"]
-    when = {"importing": lambda t, out: t > 0.3,     # inside main, importing transformers / checking models
-            "starting": lambda t, out: t > 4.0,      # the workers are loading (engine start takes several s)
-            "streaming": lambda t, out: len(out) > 0}[moment]
+    when = {"importing": lambda pid, t, out: t > 0.3,     # inside main, importing / checking models
+            # the workers are spawned and loading, nothing streamed yet (start-up takes ~4 s on a quiet box: a
+            # fixed time could fall after the whole command)
+            "starting": lambda pid, t, out: not out and _group_size(pid) > 1,
+            "streaming": lambda pid, t, out: len(out) > 0}[moment]
     rc, out, err = _interrupt(argv, when)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 130, err
