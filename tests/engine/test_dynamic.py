@@ -152,7 +152,8 @@ async def test_engine_drops_to_plain_decoding_and_comes_back(tiny_pair):
     kw = dict(target=tiny_pair.target, draft=tiny_pair.draft, k=3, max_prompt_tokens=64, max_tokens_limit=192,
               kv_cache_tokens=16384, max_batch_size=16)
     prompts = [f"the class statement {w}" for w in "abcdefgh"]
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    # both runs long enough that their late halves outlast a probe (up to ~15 verdicts each on a loaded box)
+    params = SamplingParams(max_tokens=120, ignore_eos=True)
     # room to come back from 0 and settle: probes of k = 0 come every 16, 32, 64 steps once drafting is back and
     # each costs up to ~15 verdicts on a loaded box (merge, plain steps, split), so the late half must be long
     longer = SamplingParams(max_tokens=192, ignore_eos=True)
@@ -197,13 +198,14 @@ async def test_engine_drops_to_plain_decoding_and_comes_back(tiny_pair):
             return where
         where_plain, where_spec = await placement_at(0), await placement_at(2)
     drafted = [sum(r.num_drafted for r in m.results) for m in verdicts]
-    late1, late2 = drafted[n1 // 2:n1], drafted[n1 + (n2 - n1) // 2:n2]
-    assert sum(d == 0 for d in late1) >= 0.7 * len(late1), late1  # plain decoding, exploring now and then
-    # speculation is back (the late half of a long run: see `longer`)
-    assert sum(d > 0 for d in late2) >= 0.7 * len(late2), late2
+    # the last third of each run: the choice has settled, and a probe (up to ~15 verdicts on a loaded box: merge,
+    # plain steps, split) takes at most one bite out of it (probes grow rarer while a choice stands)
+    late1, late2 = drafted[2 * n1 // 3:n1], drafted[n1 + 2 * (n2 - n1) // 3:n2]
+    assert sum(d == 0 for d in late1) >= 0.6 * len(late1), late1  # plain decoding, exploring now and then
+    assert sum(d > 0 for d in late2) >= 0.6 * len(late2), late2   # speculation is back
     rows = [len(m.results) for m in verdicts]
-    plain_rows = [r for r, d in zip(rows[n1 // 2:n1], late1) if d == 0]
-    spec_rows = [r for r, d in zip(rows[n1 + (n2 - n1) // 2:n2], late2) if d > 0]
+    plain_rows = [r for r, d in zip(rows[2 * n1 // 3:n1], late1) if d == 0]
+    spec_rows = [r for r, d in zip(rows[n1 + 2 * (n2 - n1) // 3:n2], late2) if d > 0]
     # one merged batch: more rows than a half batch holds (fewer than all 8 where a loaded box admitted the
     # prompts over several steps, so that some finish first)
     assert sorted(plain_rows)[len(plain_rows) // 2] > len(prompts) // 2, plain_rows
@@ -214,7 +216,7 @@ async def test_engine_drops_to_plain_decoding_and_comes_back(tiny_pair):
         assert where_plain["verifier"]["cores"] == sorted(set(own) | set(lent)), where_plain
         assert where_plain["drafter"]["cores"] == sorted(set(own) | set(lent))  # idle: may run anywhere
     ref = LocalEngine(EngineConfig(mode="autoregressive", **kw)).generate(prompts, longer)
-    assert [r.token_ids for r in first] == [r.token_ids[:40] for r in ref]
+    assert [r.token_ids for r in first] == [r.token_ids[:120] for r in ref]
     assert [r.token_ids for r in second] == [r.token_ids for r in ref]
 
 
