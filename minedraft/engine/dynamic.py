@@ -114,12 +114,13 @@ class AdaptiveK:
 
     def observe(self, k: int, draft_s: float | None, verify_s: float, accepted: int, rejections: int,
                 rows: int = 1, step_rows: int | None = None, tokens: int | None = None,
-                wall_s: float | None = None) -> None:
+                wall_s: float | None = None, drafted: int = 0) -> None:
         """One verdict: budget k per row, `rows` rows running (the load bucket), `step_rows` of them in this
         step (default: all), `accepted` drafts kept in all, `rejections` rows that hit a rejection before their
         last draft (per-token acceptance = accepted / (accepted + rejections), the maximum-likelihood value for
         independent acceptances, unbiased by the draft count). With `tokens` (emitted by this step) and
-        `wall_s` (the time since the previous verdict) the step's measured goodput is kept too."""
+        `wall_s` (the time since the previous verdict) the step's measured goodput is kept too. `drafted` (the
+        step's draft tokens) is SuffixGate's; this model counts budgets."""
         b = bucket(rows)
         self.rows = rows
         if k > 0 and draft_s is not None:
@@ -267,18 +268,24 @@ class DynamicSpeculation:
     def __init__(self, cfg, scheduler):
         merge = cfg.mode == "minedraft"  # the workers merge the two batches at k = 0 (spec "merge_on_zero")
         suffix_alone = cfg.suffix_drafts and cfg.draft_model is None
-        self.controller = AdaptiveK(cfg.k, overlap=merge, extra=cfg.max_draft - cfg.k, tetris=cfg.tetris,
-                                    merge_zero=merge,
-                                    # suffix drafts alone: draft (up to k, lengths the index's) or not; an
-                                    # i.i.d.-acceptance model of shorter caps does not fit drafts that are
-                                    # all or nothing (a copied span), and lost 0.66-0.85x to k = 6 at B <= 2
-                                    levels=(0, cfg.k) if suffix_alone else None,
-                                    # start as autoregressive mode runs; drafting has to prove itself (in
-                                    # sequential mode too: started at k/2 it never measured plain decoding on
-                                    # open chat with suffix drafts, B = 16, and ran at 0.67x it)
-                                    k_start=0,
-                                    # goodput is measured from a probe's third step: probe 4, a bit rarer
-                                    probe_steps=4, explore_every=64, max_gap_factor=8)
+        if suffix_alone and not merge:
+            # draft or not by what a drafted token saves against what it costs (engine/draft_gate.py): short
+            # probes of bursty suffix drafts tie plain decoding and left k = 6's 1.8x unused at B = 1
+            from .draft_gate import SuffixGate
+            self.controller, self.gate = SuffixGate(cfg.k), True
+        else:
+            self.gate = False
+            self.controller = AdaptiveK(cfg.k, overlap=merge, extra=cfg.max_draft - cfg.k, tetris=cfg.tetris,
+                                        merge_zero=merge,
+                                        # suffix drafts alone (two-batch mode): draft (up to k, lengths the
+                                        # index's) or not; an i.i.d.-acceptance model of shorter caps does not
+                                        # fit drafts that are all or nothing (a copied span), and lost 0.66-0.85x
+                                        # to k = 6 at B <= 2
+                                        levels=(0, cfg.k) if suffix_alone else None,
+                                        # start as autoregressive mode runs; drafting has to prove itself
+                                        k_start=0,
+                                        # goodput is measured from a probe's third step: probe 4, a bit rarer
+                                        probe_steps=4, explore_every=64, max_gap_factor=8)
         self.scheduler, self.merge = scheduler, merge
         self.last_k = self.last_t1 = None
         self.run = 0  # steps in a row at last_k
@@ -311,8 +318,10 @@ class DynamicSpeculation:
         # rows that carried no drafts (budget 0, speculate=False, no suffix match) tell nothing about k's gain
         drafting = sum(1 for r in res if r.num_drafted) or len(res)
         ctl.observe(k, draft_s, m.t1 - m.t0, sum(r.num_accepted for r in res),
-                    sum(1 for r in res if r.num_accepted < r.num_drafted), rows=running, step_rows=drafting,
-                    tokens=sum(len(r.new_tokens) for r in res), wall_s=wall)
+                    sum(1 for r in res if r.num_accepted < r.num_drafted), rows=running,
+                    # the gate weighs every scored token (rows + drafts); AdaptiveK the drafting rows' gain
+                    step_rows=len(res) if self.gate else drafting,
+                    tokens=sum(len(r.new_tokens) for r in res), wall_s=wall, drafted=sum(r.num_drafted for r in res))
         new_k = ctl.choose(running)
         if new_k != k:
             self.scheduler.set_k(new_k)
