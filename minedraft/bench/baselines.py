@@ -68,6 +68,7 @@ def in_process_row(args, variant, points, prompts_for, params, rep: int, bar) ->
         engine.generate(prompts_for(*WARM_UP), params)  # a suffix index learns what it sees: as the engine rows
         for b in sorted({b for _, b, _ in points}):
             prompts = prompts_for(b * args.waves, rep)
+            engine.config.max_batch_size = b  # B in flight, as the engine rows (--waves > 1 sends B x waves)
             t0 = time.perf_counter()
             res = engine.generate(prompts, params)
             out.append((f"{name} B={b}", (b, None, rep), _metrics(res, time.perf_counter() - t0),

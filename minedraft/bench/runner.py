@@ -85,17 +85,23 @@ def _pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else 0.0
 
 
-async def run_workload(engine, prompts, params, rate: float | None, seed: int = 0):
-    """Submit prompts (all at once, or Poisson arrivals at `rate` req/s) and measure.
+async def run_workload(engine, prompts, params, rate: float | None, seed: int = 0, concurrency: int | None = None):
+    """Submit prompts (all at once, or Poisson arrivals at `rate` req/s) and measure. concurrency: at most that many
+    in flight, the next sent as one ends (the bench's B with --waves > 1; the engine itself admits up to its
+    max_batch_size, the largest B of the sweep).
 
     Returns (metrics, the output token ids of each prompt, in prompt order)."""
     rng = random.Random(seed)
     before = engine.stats()
     t0 = time.perf_counter()
+    slots = asyncio.Semaphore(concurrency) if concurrency else None
 
     async def one(p, delay):
         await asyncio.sleep(delay)
-        return await engine.generate(p, params)
+        if slots is None:
+            return await engine.generate(p, params)
+        async with slots:
+            return await engine.generate(p, params)
     delays, t = [], 0.0
     for _ in prompts:
         delays.append(t)
@@ -193,7 +199,8 @@ async def _engine_rows(args, variant, points, prompts_for, params, rep: int, bar
             if trace:
                 engine.scheduler.stats.trace.clear()
             n0 = len(engine.adaptive.history) if engine.adaptive else 0
-            metrics, outputs = await run_workload(engine, prompts_for(b * args.waves, rep), params, r, seed=rep)
+            metrics, outputs = await run_workload(engine, prompts_for(b * args.waves, rep), params, r, seed=rep,
+                                                  concurrency=b)
             if trace and k == ks[-1] and b == max(b for _, b, _ in points):
                 events = list(engine.scheduler.stats.trace)
             tag = ("" if mode == "autoregressive" else f" k={'auto' if kind == 'dynamic' else k}") + where + f" B={b}"

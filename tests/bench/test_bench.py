@@ -208,3 +208,29 @@ def test_open_chat_questions_are_unseen_and_enough_for_a_full_sweep():
     assert len(set(pool)) == len(pool) >= 2 * (1 + 2 + 4 + 8 + 16 + 32) + WARM_UP[0]
     assert pool[:len(held_out_prompts())] == held_out_prompts()
     assert not any(f" {t}" in p for p in pool for t in _topics(TRAIN_TOPICS) if len(t) > 8)
+
+
+def test_waves_keep_b_requests_in_flight():
+    """--batch B --waves W sends B x W requests but keeps at most B in flight (the engine itself admits up to the
+    sweep's largest B): a B = 1 row with waves is one request at a time, not W at once."""
+    from types import SimpleNamespace
+
+    class Engine:
+        def __init__(self):
+            self.live = self.peak = 0
+
+        def stats(self):
+            return dict.fromkeys(("steps", "output_tokens", "draft_tokens", "accepted_tokens", "verified_tokens",
+                                  "draft_time_s", "verify_time_s"), 0)
+
+        async def generate(self, prompt, params):
+            self.live += 1
+            self.peak = max(self.peak, self.live)
+            await asyncio.sleep(0.01)
+            self.live -= 1
+            return SimpleNamespace(token_ids=[1, 2], stats=SimpleNamespace(latency_s=0.01, ttft_s=0.005, steps=2))
+
+    for b, expected in ((1, 1), (3, 3), (None, 8)):
+        engine = Engine()
+        metrics, outs = asyncio.run(bench.run_workload(engine, [[1]] * 8, None, None, concurrency=b))
+        assert engine.peak == expected and len(outs) == 8
