@@ -312,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, nargs="+", help="concurrent requests to sweep (default: 16)")
     p.add_argument("--rate", type=float, nargs="+",
                    help="Poisson arrival rates in requests/s to sweep (default: all requests at once)")
-    p.add_argument("--waves", type=int, default=1, help="requests per run = batch * waves (default: 1)")
+    p.add_argument("--waves", type=int, default=1, help="requests per run = batch * waves, batch of them in flight "
+                   "(default: 1)")
     p.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (default: 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     p.add_argument("--repeats", type=int, default=3, help="runs per setting; medians are reported (default: 3)")
