@@ -15,7 +15,9 @@ The gate instead compares two measured quantities, both averaged over many steps
   tokens a step scores: ragged suffix drafts give every load a spread of them) plus the drafter's time per token.
 It drafts (budget k) while saving > `margin` x cost, else runs plain decoding (k = 0) and probes k for `probe_steps`
 steps now and then (every `explore_every` steps, the gap doubling up to `max_gap_factor` times while the choice
-stands) so the acceptance stays current; a probe whose own drafts pay replaces the older acceptance (the text being
+stands, and at once the longest gap while saving is under half of margin x cost: a probe's steps do not pay; at
+16 rows of open chat, probing from every 32 steps, a tenth of the steps ran at k and the run at 0.93x plain
+decoding) so the acceptance stays current; a probe whose own drafts pay replaces the older acceptance (the text being
 written changed). It starts at k: trying a suffix draft costs a few scored tokens.
 """
 
@@ -29,7 +31,7 @@ from .dynamic import bucket
 
 class SuffixGate:
     def __init__(self, k_max: int, margin: float = 1.2, window: int = 64, fit_window: int = 96,
-                 explore_every: int = 32, probe_steps: int = 4, max_gap_factor: int = 8):
+                 explore_every: int = 64, probe_steps: int = 4, max_gap_factor: int = 8):
         self.k_max, self.margin, self.levels, self.fit_window = k_max, margin, (0, k_max), fit_window
         self.k = k_max
         self.explore_every, self.probe_steps, self.max_gap_factor = explore_every, probe_steps, max_gap_factor
@@ -84,13 +86,17 @@ class SuffixGate:
             return per_token, slope + (median(draft) if draft else 0.0)
         return None
 
-    def drafting_pays(self, rows: int) -> bool | None:
-        """Whether a drafted token saves more than margin x what it costs; None while either is unmeasured."""
+    def value(self, rows: int) -> float | None:
+        """What a drafted token saves over margin x what it costs (above 1: drafting pays); None while unmeasured."""
         acc, costs = self.acceptance(), self.costs(rows)
         if acc is None or costs is None:
             return None
         per_token, cost = costs
-        return acc * per_token > self.margin * cost
+        return acc * per_token / max(self.margin * cost, 1e-9)
+
+    def drafting_pays(self, rows: int) -> bool | None:
+        v = self.value(rows)
+        return None if v is None else v > 1
 
     def choose(self, rows: int | None = None) -> int:
         if rows is not None:
@@ -103,7 +109,8 @@ class SuffixGate:
             drafted = sum(d for _, d in probe)
             if costs and drafted and sum(a for a, _ in probe) / drafted * costs[0] > self.margin * costs[1]:
                 self._acc = deque(probe, maxlen=self._acc.maxlen)  # the text changed: older steps no longer say
-        pays = self.drafting_pays(self.rows)
+        value = self.value(self.rows)
+        pays = None if value is None else value > 1
         if self._probe_left:
             self._probe_ended = self._probe_left == 1
             self._probe_left -= 1
@@ -114,7 +121,10 @@ class SuffixGate:
         elif self._steps >= self._next:  # plain decoding: now and then a few drafting steps refresh the acceptance
             k, self._probe_left = self.k_max, self.probe_steps - 1
             self._probe_ended = self.probe_steps == 1
-            self._gap = min(2 * self._gap, self.max_gap_factor * self.explore_every)
+            # each probe costs steps that do not pay: the further from paying, the rarer (half way: the longest gap)
+            far = value < 0.5
+            self._gap = self.max_gap_factor * self.explore_every if far else min(
+                2 * self._gap, self.max_gap_factor * self.explore_every)
             self._next = self._steps + self._gap
         else:
             k = 0

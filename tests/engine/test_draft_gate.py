@@ -40,10 +40,12 @@ def test_cheap_verification_drafts_throughout_even_when_the_copies_come_in_burst
 def test_costly_verification_with_low_acceptance_turns_drafting_off(acceptance):
     """Compute-bound verify at a large batch (a drafted token costs as much as 0.6 of a plain one) and drafts that
     are seldom kept: the gate runs plain decoding, except for short probes that keep the acceptance current."""
-    gate = _run(SuffixGate(6), 800, rows=16, plain_s=0.005, per_token_s=0.003, acceptance=acceptance)
+    gate = _run(SuffixGate(6), 1200, rows=16, plain_s=0.005, per_token_s=0.003, acceptance=acceptance)
     tail = gate.history[-400:]
     assert tail.count(0) > 0.95 * len(tail), tail
-    assert 0 < tail.count(6) <= 4 * 4   # probes: four steps at a time, ever rarer
+    # probes: four steps at a time, the first 64 steps after drafting stopped, then (this far from paying) every 512
+    after = gate.history[gate.history.index(0):]
+    assert 4 <= after.count(6) <= 12, after.count(6)
     assert gate.drafting_pays(16) is False
 
 
