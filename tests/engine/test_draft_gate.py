@@ -50,9 +50,11 @@ def test_costly_verification_with_low_acceptance_turns_drafting_off(acceptance):
 
 
 def test_drafting_resumes_when_the_probes_see_the_acceptance_rise():
-    gate = _run(SuffixGate(6, explore_every=16), 400, rows=16, plain_s=0.005, per_token_s=0.003, acceptance=0.1)
+    """Plain decoding while drafts were seldom kept; then the text turns to copying: the next probe's own drafts
+    pay, replace the older acceptance, and drafting resumes."""
+    gate = _run(SuffixGate(6, explore_every=16), 400, rows=16, plain_s=0.005, per_token_s=0.002, acceptance=0.1)
     assert gate.k == 0 or gate.history[-8:].count(0) >= 4
-    _run(gate, 600, rows=16, plain_s=0.005, per_token_s=0.003, acceptance=0.97, seed=1)
+    _run(gate, 600, rows=16, plain_s=0.005, per_token_s=0.002, acceptance=0.97, seed=1)
     assert gate.history[-100:].count(6) == 100, gate.history[-100:]
 
 
