@@ -14,12 +14,13 @@ The gate instead compares two measured quantities, both averaged over many steps
 * what it costs: the verifier's extra time per scored token at this load (a robust slope of verify time over the
   tokens a step scores: ragged suffix drafts give every load a spread of them) plus the drafter's time per token.
 It drafts (budget k) while saving > `margin` x cost (1.5: what the two leave out, rows of a batch finishing apart
-and prefill's share of a run, took the gain of a saving 1.24x the cost at 16 rows of grounded prompts: 0.90-1.03x), else runs plain decoding (k = 0) and probes k for `probe_steps`
-steps now and then (every `explore_every` steps, the gap doubling up to `max_gap_factor` times while the choice
-stands, and at once the longest gap while saving is under half of margin x cost: a probe's steps do not pay; at
-16 rows of open chat, probing from every 32 steps, a tenth of the steps ran at k and the run at 0.93x plain
-decoding) so the acceptance stays current; a probe whose own drafts pay replaces the older acceptance (the text being
-written changed). It starts at k: trying a suffix draft costs a few scored tokens.
+and prefill's share of a run, took the gain of a saving 1.24x the cost at 16 rows of grounded prompts: 0.90-1.03x
+plain decoding), else runs plain decoding (k = 0) and probes k for `probe_steps` steps now and then (every
+`explore_every` steps, the gap doubling up to `max_gap_factor` times while the choice stands, and at once the
+longest gap while saving is under half of margin x cost: a probe's steps do not pay; at 16 rows of open chat,
+probing from every 32 steps, a tenth of the steps ran at k and the run at 0.93x plain decoding) so the acceptance
+stays current; a probe whose own drafts pay replaces the older acceptance (the text being written changed). It
+starts at k: trying a suffix draft costs a few scored tokens.
 """
 
 from __future__ import annotations
