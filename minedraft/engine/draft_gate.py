@@ -28,7 +28,12 @@ from __future__ import annotations
 from collections import deque
 from statistics import median
 
-from .dynamic import bucket
+
+
+def bucket(rows: int) -> int:
+    """Batch-size bucket, by which both controllers (this one and engine/dynamic.py's AdaptiveK) keep their costs:
+    1, 2, 3-4, 5-8, ... -> 0, 1, 2, 3, ..."""
+    return max(0, (max(1, rows) - 1).bit_length())
 
 
 class SuffixGate:

@@ -47,10 +47,7 @@ from __future__ import annotations
 from collections import deque
 from statistics import median
 
-
-def bucket(rows: int) -> int:
-    """Batch-size bucket: 1, 2, 3-4, 5-8, ... -> 0, 1, 2, 3, ..."""
-    return max(0, (max(1, rows) - 1).bit_length())
+from .draft_gate import SuffixGate, bucket
 
 
 class AdaptiveK:
@@ -271,7 +268,6 @@ class DynamicSpeculation:
         if suffix_alone and not merge:
             # draft or not by what a drafted token saves against what it costs (engine/draft_gate.py): short
             # probes of bursty suffix drafts tie plain decoding and left k = 6's 1.8x unused at B = 1
-            from .draft_gate import SuffixGate
             self.controller, self.gate = SuffixGate(cfg.k), True
         else:
             self.gate = False
