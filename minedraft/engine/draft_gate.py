@@ -29,7 +29,6 @@ from collections import deque
 from statistics import median
 
 
-
 def bucket(rows: int) -> int:
     """Batch-size bucket, by which both controllers (this one and engine/dynamic.py's AdaptiveK) keep their costs:
     1, 2, 3-4, 5-8, ... -> 0, 1, 2, 3, ..."""
@@ -93,13 +92,15 @@ class SuffixGate:
             return per_token, slope + (median(draft) if draft else 0.0)
         return None
 
-    def value(self, rows: int) -> float | None:
-        """What a drafted token saves over margin x what it costs (above 1: drafting pays); None while unmeasured."""
-        acc, costs = self.acceptance(), self.costs(rows)
+    def _value(self, acc: float | None, costs: tuple[float, float] | None) -> float | None:
         if acc is None or costs is None:
             return None
         per_token, cost = costs
         return acc * per_token / max(self.margin * cost, 1e-9)
+
+    def value(self, rows: int) -> float | None:
+        """What a drafted token saves over margin x what it costs (above 1: drafting pays); None while unmeasured."""
+        return self._value(self.acceptance(), self.costs(rows))
 
     def drafting_pays(self, rows: int) -> bool | None:
         v = self.value(rows)
@@ -109,14 +110,14 @@ class SuffixGate:
         if rows is not None:
             self.rows = rows
         self._steps += 1
+        costs = self.costs(self.rows)
         if self._probe_ended:
             self._probe_ended = False
             probe = list(self._acc)[-self.probe_steps:]
-            costs = self.costs(self.rows)
             drafted = sum(d for _, d in probe)
-            if costs and drafted and sum(a for a, _ in probe) / drafted * costs[0] > self.margin * costs[1]:
+            if drafted and (self._value(sum(a for a, _ in probe) / drafted, costs) or 0) > 1:
                 self._acc = deque(probe, maxlen=self._acc.maxlen)  # the text changed: older steps no longer say
-        value = self.value(self.rows)
+        value = self._value(self.acceptance(), costs)
         pays = None if value is None else value > 1
         if self._probe_left:
             self._probe_ended = self._probe_left == 1

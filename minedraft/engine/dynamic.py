@@ -268,9 +268,8 @@ class DynamicSpeculation:
         if suffix_alone and not merge:
             # draft or not by what a drafted token saves against what it costs (engine/draft_gate.py): short
             # probes of bursty suffix drafts tie plain decoding and left k = 6's 1.8x unused at B = 1
-            self.controller, self.gate = SuffixGate(cfg.k), True
+            self.controller = SuffixGate(cfg.k)
         else:
-            self.gate = False
             self.controller = AdaptiveK(cfg.k, overlap=merge, extra=cfg.max_draft - cfg.k, tetris=cfg.tetris,
                                         merge_zero=merge,
                                         # suffix drafts alone (two-batch mode): draft (up to k, lengths the
@@ -316,7 +315,7 @@ class DynamicSpeculation:
         ctl.observe(k, draft_s, m.t1 - m.t0, sum(r.num_accepted for r in res),
                     sum(1 for r in res if r.num_accepted < r.num_drafted), rows=running,
                     # the gate weighs every scored token (rows + drafts); AdaptiveK the drafting rows' gain
-                    step_rows=len(res) if self.gate else drafting,
+                    step_rows=len(res) if isinstance(ctl, SuffixGate) else drafting,
                     tokens=sum(len(r.new_tokens) for r in res), wall_s=wall, drafted=sum(r.num_drafted for r in res))
         new_k = ctl.choose(running)
         if new_k != k:
